@@ -1,0 +1,28 @@
+"""Where studies live: an SQLite file by default, PostgreSQL (or MySQL) for a fleet.
+
+Open storages with :func:`open_storage`; print URLs only through :func:`mask_url`.
+"""
+
+from storage._lock import storage_lock
+from storage._open import engine_options, open_storage
+from storage._retry import is_connection_error, with_retry
+from storage._urls import (
+    DEFAULT_STORAGE_URL,
+    StorageError,
+    default_storage_url,
+    mask_password,
+    mask_url,
+)
+
+__all__ = [
+    "DEFAULT_STORAGE_URL",
+    "StorageError",
+    "default_storage_url",
+    "engine_options",
+    "is_connection_error",
+    "mask_password",
+    "mask_url",
+    "open_storage",
+    "storage_lock",
+    "with_retry",
+]

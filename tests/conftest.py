@@ -1,0 +1,71 @@
+"""Shared fixtures: a real SQLite file per test, and the real PostgreSQL server when there is one.
+
+PostgreSQL: ``TEST_DB_URL`` names a server database to create scratch databases beside (default
+``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``). Locally a test may skip when no server
+answers; under CI (``CI`` set) a missing server is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tuner.db'}"
+
+
+def _admin_url() -> str:
+    return os.environ.get("TEST_DB_URL", DEFAULT_ADMIN_URL)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test; dropped afterwards."""
+    admin = sqlalchemy.create_engine(_admin_url(), isolation_level="AUTOCOMMIT")
+    try:
+        connection = admin.connect()
+    except sqlalchemy.exc.OperationalError as error:
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is required in CI: {error}")
+        pytest.skip("no PostgreSQL server reachable")
+    name = f"tuner_test_{uuid.uuid4().hex[:12]}"
+    with connection:
+        connection.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.execute(
+                sqlalchemy.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"
+                ),
+                {"name": name},
+            )
+            connection.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m <args>`` as a user would, from the repository's Python."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=cwd or ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy
+
+from storage import (
+    StorageError,
+    default_storage_url,
+    engine_options,
+    mask_password,
+    mask_url,
+    open_storage,
+    storage_lock,
+    with_retry,
+)
+
+
+def test_default_url_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TUNER_STORAGE", raising=False)
+    assert default_storage_url() == "sqlite:///tuner.db"
+    monkeypatch.setenv("TUNER_STORAGE", "postgresql+psycopg://u@h/db")
+    assert default_storage_url() == "postgresql+psycopg://u@h/db"
+
+
+def test_passwords_are_masked() -> None:
+    assert mask_url("postgresql+psycopg://bob:s3cret@db:5432/x") == "postgresql+psycopg://bob:***@db:5432/x"
+    assert "s3cret" not in mask_password('connection to "mysql://bob:s3cret@h/x" refused')
+    assert mask_url("sqlite:///tuner.db") == "sqlite:///tuner.db"
+
+
+def test_engine_options_fit_a_fleet() -> None:
+    options = engine_options("postgresql+psycopg://u@h/db")
+    assert options["pool_pre_ping"] is True and options["pool_size"] <= 4
+    assert "timeout" in engine_options("sqlite:///x.db")["connect_args"]
+
+
+def test_open_creates_a_real_sqlite_file(sqlite_url: str, tmp_path: Path) -> None:
+    storage = open_storage(sqlite_url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert (tmp_path / "tuner.db").exists()
+    assert len(optuna.load_study(study_name="s", storage=sqlite_url).trials) == 2
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("nonsense", "not a storage URL"),
+        ("foo://bar", "cannot open storage"),
+        ("postgresql+psycopg://bob:s3cret@127.0.0.1:1/x", "cannot reach storage"),
+        ("sqlite:////nonexistent-dir/deeper/x.db", "cannot"),
+    ],
+)
+def test_bad_urls_fail_with_one_masked_line(url: str, fragment: str) -> None:
+    with pytest.raises(StorageError) as raised:
+        open_storage(url)
+    message = str(raised.value)
+    assert fragment in message
+    assert "s3cret" not in message
+    assert "\n" not in message
+
+
+def _hold(url: str, key: str, hold_s: float, log: str) -> None:
+    with storage_lock(url, key):
+        with open(log, "a") as handle:
+            handle.write(f"in {time.time()}\n")
+        time.sleep(hold_s)
+        with open(log, "a") as handle:
+            handle.write(f"out {time.time()}\n")
+
+
+def _assert_serialised(log: Path) -> None:
+    events = [line.split()[0] for line in log.read_text().splitlines()]
+    assert events == ["in", "out"] * (len(events) // 2), events
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_storage_lock_serialises_processes(backend: str, sqlite_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = sqlite_url if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    log = tmp_path / "log"
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_hold, args=(url, "k", 0.3, str(log))) for _ in range(3)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert all(p.exitcode == 0 for p in processes)
+    _assert_serialised(log)
+
+
+def test_with_retry_rides_out_connection_errors() -> None:
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+        return "ok"
+
+    assert with_retry(flaky, "testing", retry_seconds=30, sleep=lambda s: None) == "ok"
+    assert len(calls) == 3
+
+
+def test_with_retry_does_not_hide_other_errors() -> None:
+    def broken() -> None:
+        raise sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("duplicate key"))
+
+    with pytest.raises(sqlalchemy.exc.IntegrityError):
+        with_retry(broken, "testing", retry_seconds=30, sleep=lambda s: None)

@@ -1,0 +1,93 @@
+"""Small user-style workloads for the tuner's tests: fast, leaky, hanging, raising, dying.
+
+They are real workloads (real datasets, real DataLoader workers); each misbehaves the way user
+code does in the field, so the supervisor and the guard are tested against the real thing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+from torch.utils.data import Dataset
+
+from objectives import Workload
+
+
+class Vectors(Dataset):
+    """Cheap samples with a little CPU work per item, so workers matter a bit."""
+
+    def __init__(self, size: int = 512, width: int = 64, work: int = 0) -> None:
+        self.size, self.width, self.work = size, width, work
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        generator = torch.Generator().manual_seed(index)
+        sample = torch.rand(self.width, generator=generator)
+        for _ in range(self.work):
+            sample = torch.tanh(sample * 1.01)
+        return sample, index % 10
+
+
+class Leaky(Vectors):
+    """Each worker keeps 32 MiB more for every batch it loads: a leak like a growing cache."""
+
+    def __init__(self) -> None:
+        super().__init__(size=10_000)
+        self._kept: list[bytearray] = []
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        block = bytearray(4 * 2**20)
+        block[:: 4096] = b"x" * len(block[:: 4096])
+        self._kept.append(block)
+        time.sleep(0.005)
+        return super().__getitem__(index)
+
+
+class Hanging(Vectors):
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(3600)
+        return super().__getitem__(index)
+
+
+class Raising(Vectors):
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        raise OSError(f"cannot read sample {index}: corrupt file")
+
+
+class SelfKilling(Vectors):
+    """A worker that SIGKILLs itself, as the kernel's OOM killer would."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and index % 7 == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(index)
+
+
+def _sum_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    batch[0].sum().item()
+
+
+def fast() -> Workload:
+    return Workload(name="fast", dataset=Vectors(), step=_sum_step, default_batch_size=32, batch_size_range=(8, 64))
+
+
+def leaky() -> Workload:
+    return Workload(name="leaky", dataset=Leaky(), step=_sum_step, default_batch_size=16, batch_size_range=(16, 16))
+
+
+def hanging() -> Workload:
+    return Workload(name="hanging", dataset=Hanging(), step=_sum_step, batch_size_range=(8, 8))
+
+
+def raising() -> Workload:
+    return Workload(name="raising", dataset=Raising(), step=_sum_step, batch_size_range=(8, 8))
+
+
+def self_killing() -> Workload:
+    return Workload(name="self_killing", dataset=SelfKilling(), step=_sum_step, batch_size_range=(8, 8))

@@ -1,0 +1,54 @@
+"""The two settings every study measures first, so each result has a "compared with what".
+
+``pytorch-default`` is what a DataLoader does when nothing is set; ``rule-of-thumb`` is the field
+guide's starting point (workers at 3/4 of the physical cores, pinned memory on CUDA, persistent
+workers, ``prefetch_factor=2``). Both use the workload's default batch size and knobs.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB
+from tuner._settings import LoaderSettings
+from tuner._space import SearchSpace
+
+__all__ = ["baseline_settings", "enqueue_baselines", "enqueue_settings", "rule_of_thumb_workers"]
+
+
+def rule_of_thumb_workers(physical_cores: int) -> int:
+    """3/4 of the physical cores, at least one worker."""
+    return max(1, round(physical_cores * 3 / 4))
+
+
+def baseline_settings(space: SearchSpace, physical_cores: int) -> dict[str, LoaderSettings]:
+    """The baselines on this space: PyTorch's defaults and the rule of thumb."""
+    batch = space.clamp_batch(space.workload.default_batch_size)
+    knobs = space.workload.default_knobs
+    threads = space.max_threads  # torch's own default: one intra-op thread per usable core
+    workers = min(space.max_workers, rule_of_thumb_workers(physical_cores))
+    return {
+        BASELINE_PYTORCH_DEFAULT: space.settings(0, batch, None, False, False, threads, knobs),
+        BASELINE_RULE_OF_THUMB: space.settings(workers, batch, 2, True, space.cuda, threads, knobs),
+    }
+
+
+def enqueue_settings(
+    study: optuna.Study, space: SearchSpace, settings: LoaderSettings, **user_attrs: object
+) -> None:
+    """Queue ``settings`` as the study's next trial; the ``settings`` attr makes it exact."""
+    study.enqueue_trial(
+        space.params_for(settings),
+        user_attrs={"settings": settings.to_attrs(), **user_attrs},
+        skip_if_exists=False,
+    )
+
+
+def enqueue_baselines(study: optuna.Study, space: SearchSpace, physical_cores: int) -> bool:
+    """Queue the baselines unless the study already has them; the caller holds the study lock."""
+    trials = study.get_trials(deepcopy=False)
+    if any("baseline" in trial.user_attrs for trial in trials):
+        return False
+    for name, settings in baseline_settings(space, physical_cores).items():
+        enqueue_settings(study, space, settings, baseline=name)
+    return True

@@ -1,0 +1,195 @@
+"""``tuner.loader``: a DataLoader built with a profile's best setting, fitted to the live machine.
+
+The stored optimum was measured on the profile's machines; the machine running the training job
+may have fewer usable CPUs or less memory free. Workers are scaled down to the CPUs actually
+usable, prefetching to the memory actually available. With ``adapt=True`` the loader re-reads the
+machine between epochs (never inside one) and steps ``num_workers`` and ``prefetch_factor`` down
+under pressure and back up towards the optimum when the pressure is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+from torch.utils.data import DataLoader, Dataset
+
+from tuner import _hardware, _memory
+from tuner._baselines import rule_of_thumb_workers
+from tuner._best import NoResultError, find_best
+from tuner._settings import LoaderSettings
+
+__all__ = ["AdaptiveLoader", "MachineState", "clamp_to_machine", "loader", "read_machine"]
+
+_log = logging.getLogger("tuner.loader")
+
+HIGH_CPU_PERCENT = 90.0
+LOW_AVAILABLE_FRACTION = 0.10
+RECOVERED_CPU_PERCENT = 60.0
+RECOVERED_AVAILABLE_FRACTION = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineState:
+    """What the loader reads between epochs."""
+
+    usable_cpus: int
+    cpu_percent: float
+    available_memory_bytes: int
+    total_memory_bytes: int
+
+    @property
+    def available_fraction(self) -> float:
+        return (
+            self.available_memory_bytes / self.total_memory_bytes
+            if self.total_memory_bytes
+            else 1.0
+        )
+
+
+def read_machine() -> MachineState:
+    return MachineState(
+        usable_cpus=_hardware.usable_cpu_count(),
+        cpu_percent=psutil.cpu_percent(interval=0.1),
+        available_memory_bytes=_memory.available_memory_bytes(),
+        total_memory_bytes=_memory.total_memory_bytes(),
+    )
+
+
+def clamp_to_machine(
+    settings: LoaderSettings, profile_vcpus: int, profile_memory_bytes: int, state: MachineState
+) -> LoaderSettings:
+    """Fewer usable CPUs: proportionally fewer workers; less memory free: a smaller prefetch."""
+    workers = settings.num_workers
+    if state.usable_cpus < profile_vcpus:
+        workers = _hardware.scale_workers(workers, profile_vcpus, state.usable_cpus)
+    prefetch = settings.prefetch_factor
+    if workers > 0 and prefetch is not None and state.available_memory_bytes < profile_memory_bytes:
+        share = state.available_memory_bytes / profile_memory_bytes
+        prefetch = max(1, int(prefetch * share))
+    if workers == 0:
+        return dataclasses.replace(
+            settings, num_workers=0, prefetch_factor=None, persistent_workers=False
+        )
+    return dataclasses.replace(settings, num_workers=workers, prefetch_factor=prefetch or 2)
+
+
+def _rule_of_thumb(batch_size: int) -> LoaderSettings:
+    workers = rule_of_thumb_workers(_hardware.physical_core_count())
+    return LoaderSettings(
+        batch=batch_size, num_workers=workers, prefetch_factor=2, persistent_workers=True
+    )
+
+
+class AdaptiveLoader:
+    """Iterates like a DataLoader; between epochs, steps workers/prefetch with the machine's load."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        optimum: LoaderSettings,
+        batch_param: str,
+        dataloader_kwargs: dict[str, Any],
+        read: Callable[[], MachineState] = read_machine,
+    ) -> None:
+        self.dataset = dataset
+        self.optimum = optimum
+        self.current = optimum
+        self._batch_param = batch_param
+        self._extra = dataloader_kwargs
+        self._read = read
+        self._loader: DataLoader | None = None
+
+    def _build(self) -> DataLoader:
+        kwargs = {**self.current.dataloader_kwargs(self._batch_param), **self._extra}
+        return DataLoader(self.dataset, **kwargs)
+
+    def adjust(self) -> LoaderSettings:
+        """One step down under pressure, one step back up when it is gone; logs each change."""
+        state = self._read()
+        current, optimum = self.current, self.optimum
+        pressured = (
+            state.cpu_percent >= HIGH_CPU_PERCENT
+            or state.available_fraction <= LOW_AVAILABLE_FRACTION
+        )
+        relaxed = (
+            state.cpu_percent <= RECOVERED_CPU_PERCENT
+            and state.available_fraction >= RECOVERED_AVAILABLE_FRACTION
+        )
+        new = current
+        if pressured and current.num_workers > 0:
+            if (current.prefetch_factor or 1) > 1:
+                new = dataclasses.replace(
+                    current, prefetch_factor=(current.prefetch_factor or 2) - 1
+                )
+            elif current.num_workers > 1:
+                new = dataclasses.replace(current, num_workers=current.num_workers - 1)
+        elif relaxed and current != optimum:
+            if current.num_workers < optimum.num_workers:
+                new = dataclasses.replace(current, num_workers=current.num_workers + 1)
+            elif (current.prefetch_factor or 0) < (optimum.prefetch_factor or 0):
+                new = dataclasses.replace(
+                    current, prefetch_factor=(current.prefetch_factor or 0) + 1
+                )
+        if new != current:
+            _log.warning(
+                "loader: num_workers %d -> %d, prefetch_factor %s -> %s (cpu %.0f%%, %.0f%% memory available)",
+                current.num_workers,
+                new.num_workers,
+                current.prefetch_factor,
+                new.prefetch_factor,
+                state.cpu_percent,
+                100 * state.available_fraction,
+            )
+            self.current = new
+            self._loader = None
+        return self.current
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._loader is not None:
+            self.adjust()
+        if self._loader is None:
+            self._loader = self._build()
+        return iter(self._loader)
+
+    def __len__(self) -> int:
+        if self._loader is None:
+            self._loader = self._build()
+        return len(self._loader)
+
+
+def loader(
+    dataset: Dataset,
+    hardware: str = "auto",
+    objective: str = "image",
+    storage: str | None = None,
+    adapt: bool = False,
+    batch_size: int | None = None,
+    **dataloader_kwargs: Any,
+) -> DataLoader | AdaptiveLoader:
+    """A DataLoader over ``dataset`` with the best setting stored for ``objective@hardware``.
+
+    The setting is clamped to this machine. With no study (or no finished trial) it falls back
+    to the rule of thumb with a warning. ``dataloader_kwargs`` (``collate_fn``, ``shuffle``, ...)
+    are passed through; ``batch_size`` overrides the tuned one.
+    """
+    catalog = _hardware.load_catalog()
+    fingerprint = _hardware.detect_fingerprint()
+    profile = _hardware.resolve_profile(hardware, catalog, fingerprint)
+    try:
+        best = find_best(hardware, objective, storage)
+        settings, batch_param = best.settings, best.batch_param
+    except NoResultError as error:
+        warnings.warn(f"{error}; using the rule of thumb", stacklevel=2)
+        settings, batch_param = _rule_of_thumb(batch_size or 32), "batch_size"
+    if batch_size is not None:
+        settings = dataclasses.replace(settings, batch=batch_size)
+    settings = clamp_to_machine(settings, profile.vcpus, profile.memory_bytes, read_machine())
+    settings = dataclasses.replace(settings, multiprocessing_context=None)
+    if adapt:
+        return AdaptiveLoader(dataset, settings, batch_param, dataloader_kwargs)
+    return DataLoader(dataset, **{**settings.dataloader_kwargs(batch_param), **dataloader_kwargs})

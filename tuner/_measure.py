@@ -1,0 +1,169 @@
+"""The measurement loop: samples/sec of the workload's real training loop under one setting.
+
+Runs inside the trial's child process. What it does is what training does: build the
+DataLoader, take a batch, move it to the device (``non_blocking`` when pinned), run the step,
+step the optimizer every ``accumulation_steps`` micro-batches, and start a new iterator at each
+epoch end, so ``persistent_workers`` pays off exactly as it would. The clock runs over a window
+after a warm-up, with the device synchronised at the window's edges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from objectives import Workload, move_to_device
+from tuner._settings import LoaderSettings
+
+__all__ = ["Measurement", "count_samples", "measure", "synchronize"]
+
+ProgressCallback = Callable[[float, float], None]
+"""``progress(elapsed_s, samples_per_sec_so_far)`` during the measured window."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    samples_per_sec: float
+    time_to_first_batch_s: float
+    batches: int
+    samples: int
+    window_s: float
+    data_wait_fraction: float
+    epochs: int
+    device: str
+
+    def to_attrs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so a window's edges are real times."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        return count_samples(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, list | tuple) and batch:
+        return count_samples(batch[0])
+    return 1
+
+
+class _EpochLoop:
+    """An endless stream of batches that starts a new iterator at each epoch end, as training does."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._loader = loader
+        self._iterator: Iterator[Any] | None = None
+        self.epochs = 0
+        self.wait_s = 0.0
+
+    def next(self) -> Any:
+        started = time.perf_counter()
+        try:
+            fresh = False
+            while True:
+                if self._iterator is None:
+                    self._iterator, fresh = iter(self._loader), True
+                try:
+                    return next(self._iterator)
+                except StopIteration:
+                    if fresh:
+                        raise ValueError("the DataLoader yields no batch in an epoch") from None
+                    self._iterator = None
+                    self.epochs += 1
+        finally:
+            self.wait_s += time.perf_counter() - started
+
+    def close(self) -> None:
+        """Shut the workers down now rather than at garbage collection."""
+        iterator, self._iterator = self._iterator, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        persistent = getattr(self._loader, "_iterator", None)
+        shutdown = getattr(persistent, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def measure(
+    workload: Workload,
+    settings: LoaderSettings,
+    device: torch.device,
+    window_s: float,
+    warmup_s: float,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    progress_interval_s: float = 0.5,
+    min_warmup_batches: int = 2,
+) -> Measurement:
+    """Measure samples/sec of ``workload`` under ``settings`` over ``window_s`` seconds."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(settings.torch_num_threads)
+    non_blocking = settings.pin_memory and device.type == "cuda"
+
+    built = time.perf_counter()
+    loader = DataLoader(workload.dataset, **settings.build_dataloader_kwargs(workload, seed))
+    step = workload.train_step(device)
+    stream = _EpochLoop(loader)
+    micro_batches = 0
+
+    def run_one() -> int:
+        nonlocal micro_batches
+        batch = stream.next()
+        samples = count_samples(batch)
+        step(move_to_device(batch, device, non_blocking))
+        micro_batches += 1
+        if micro_batches % settings.accumulation_steps == 0:
+            step.optimizer_step()
+        return samples
+
+    try:
+        run_one()
+        synchronize(device)
+        time_to_first_batch_s = time.perf_counter() - built
+        warm_from = time.perf_counter()
+        warm_batches = 1
+        while warm_batches < min_warmup_batches or time.perf_counter() - warm_from < warmup_s:
+            run_one()
+            warm_batches += 1
+
+        synchronize(device)
+        stream.wait_s, epochs_before = 0.0, stream.epochs
+        started = time.perf_counter()
+        next_report = started + progress_interval_s
+        samples = batches = 0
+        while True:
+            samples += run_one()
+            batches += 1
+            now = time.perf_counter()
+            if now - started >= window_s:
+                break
+            if progress is not None and now >= next_report:
+                progress(now - started, samples / (now - started))
+                next_report = now + progress_interval_s
+        synchronize(device)
+        elapsed = time.perf_counter() - started
+    finally:
+        stream.close()
+
+    return Measurement(
+        samples_per_sec=samples / elapsed,
+        time_to_first_batch_s=time_to_first_batch_s,
+        batches=batches,
+        samples=samples,
+        window_s=elapsed,
+        data_wait_fraction=min(1.0, stream.wait_s / elapsed),
+        epochs=stream.epochs - epochs_before,
+        device=str(device),
+    )

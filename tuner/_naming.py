@@ -1,0 +1,42 @@
+"""Names shared by every verb: study names and the recorded facts' keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = [
+    "BASELINE_PYTORCH_DEFAULT",
+    "BASELINE_RULE_OF_THUMB",
+    "MEMORY_REASONS",
+    "METRIC_NAME",
+    "REMEASURED_ATTR",
+    "is_memory_reason",
+    "objective_label",
+    "study_name",
+]
+
+BASELINE_PYTORCH_DEFAULT = "pytorch-default"
+BASELINE_RULE_OF_THUMB = "rule-of-thumb"
+METRIC_NAME = "samples_per_sec"
+REMEASURED_ATTR = "remeasured_samples_per_sec"
+"""Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""
+
+MEMORY_REASONS = ("memory_guard:", "cuda_oom", "host_oom", "shm_full", "trial_killed: SIGKILL")
+"""Pruned reasons that mean "this setting does not fit": the wall later trials stay below."""
+
+
+def objective_label(objective: str) -> str:
+    """The objective as it appears in study names: a file path shortened to its file name."""
+    module, sep, attr = objective.rpartition(":")
+    if sep and module.endswith(".py"):
+        return f"{Path(module).name}:{attr}"
+    return objective
+
+
+def study_name(objective: str, profile: str) -> str:
+    """``<objective>@<hardware profile>``: one study per workload and profile."""
+    return f"{objective_label(objective)}@{profile}"
+
+
+def is_memory_reason(reason: str | None) -> bool:
+    return reason is not None and reason.startswith(MEMORY_REASONS)

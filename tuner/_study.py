@@ -1,0 +1,466 @@
+"""A tuning run: validate everything, create or resume the study, run trials, re-measure, report.
+
+Processes and what survives them: this study process owns the Optuna study, the database
+connection and the guard; each trial runs in a child (:mod:`tuner._supervisor`). A child that
+dies costs one trial. This process dying leaves its RUNNING trial to the heartbeat: another
+worker fails it and runs the re-queued copy. A database restart is ridden out by ``with_retry``.
+Every check that can refuse the run happens in :func:`prepare`, before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import statistics
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import optuna
+import torch
+from optuna.storages import BaseStorage, fail_stale_trials
+from optuna.trial import TrialState
+from tqdm import tqdm
+
+from objectives import Workload, load_workload
+from storage import mask_url, open_storage, storage_lock, with_retry
+from tuner import __version__, _hardware
+from tuner._baselines import enqueue_baselines
+from tuner._gpu import open_gpu_reader
+from tuner._guard import GuardLimits, MemoryGuard, default_limits
+from tuner._naming import METRIC_NAME, REMEASURED_ATTR, study_name
+from tuner._probe import probe_max_batch
+from tuner._settings import LoaderSettings
+from tuner._space import SearchSpace, SpaceError
+from tuner._summary import print_summary
+from tuner._supervisor import Supervisor
+from tuner._trial import TrialRunner
+
+__all__ = ["ConfigError", "StudyConfig", "prepare", "run_study"]
+
+_log = logging.getLogger("tuner")
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+class ConfigError(ValueError):
+    """An argument that cannot be honoured; one line, exit code 2."""
+
+
+@dataclasses.dataclass
+class StudyConfig:
+    hardware: str
+    objective: str = "image"
+    objective_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    storage: str = "sqlite:///tuner.db"
+    study_name: str | None = None
+    n_trials: int | None = 20
+    total_trials: int | None = None
+    timeout: float | None = None
+    device: str = "auto"
+    seed: int | None = None
+    trial_seconds: float = 3.0
+    warmup_seconds: float = 1.0
+    trial_timeout: float | None = None
+    fix: list[str] = dataclasses.field(default_factory=list)
+    effective_batch: int | None = None
+    sampler: str = "tpe"
+    memory_limit: str | None = None
+    shm_limit: str | None = None
+    gpu_memory_limit: str | None = None
+    probe_batch: bool = True
+    remeasure_top: int = 3
+    remeasure_rounds: int = 3
+    multiprocessing_context: str | None = None
+    heartbeat_interval: int = 10
+    grace_period: int | None = None
+    profiles_file: str | None = None
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class PreparedStudy:
+    """A validated run: nothing has been written yet."""
+
+    config: StudyConfig
+    profile: _hardware.Profile
+    fingerprint: _hardware.Fingerprint
+    workload: Workload
+    space: SearchSpace
+    device: str
+    limits: GuardLimits
+    storage: BaseStorage
+    study_name: str
+
+
+def _resolve_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {requested}: CUDA is not available on this machine")
+        return requested
+    if requested == "cpu":
+        return requested
+    raise ConfigError(f"--device must be auto, cpu or cuda[:N], got {requested!r}")
+
+
+def prepare(config: StudyConfig) -> PreparedStudy:
+    """Check every argument against this machine and the storage; raise one-line errors."""
+    for name in ("n_trials", "total_trials", "effective_batch", "trial_timeout", "timeout"):
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if config.trial_seconds <= 0 or config.warmup_seconds < 0:
+        raise ConfigError("--trial-seconds must be positive and --warmup-seconds not negative")
+    if config.sampler not in ("tpe", "random"):
+        raise ConfigError(f"--sampler must be tpe or random, got {config.sampler!r}")
+    fingerprint = _hardware.detect_fingerprint()
+    catalog = _hardware.load_catalog(config.profiles_file)
+    profile = _hardware.resolve_profile(config.hardware, catalog, fingerprint)
+    differences = _hardware.profile_mismatches(profile, fingerprint)
+    if differences and config.hardware != _hardware.AUTO_PROFILE:
+        raise ConfigError(
+            f"this machine does not match profile {profile.name}: {'; '.join(differences)}"
+            " (use --hardware auto to tune this machine as it is)"
+        )
+    workload = load_workload(config.objective, config.objective_options)
+    device = _resolve_device(config.device)
+    max_workers = max(0, min(2 * fingerprint.logical_cpus, 2 * profile.vcpus))
+    space = SearchSpace(
+        workload=workload,
+        max_workers=max_workers,
+        max_threads=max(1, fingerprint.usable_cpus),
+        cuda=device.startswith("cuda"),
+        effective_batch=config.effective_batch,
+        multiprocessing_context=config.multiprocessing_context,
+    )
+    if config.effective_batch is not None:
+        low, high = workload.batch_size_range
+        if not [
+            b for b in space.batch_choices() if low <= b <= high and config.effective_batch % b == 0
+        ]:
+            raise SpaceError(
+                f"--effective-batch {config.effective_batch}: no power of two in {low}..{high} divides it"
+            )
+    space = dataclasses.replace(space, fixed=space.parse_fixed(config.fix))
+    gpu_total = None
+    if space.cuda:
+        reader = open_gpu_reader(_log)
+        devices = reader.devices()
+        gpu_total = devices[0].memory_total_bytes if devices else None
+        reader.close()
+    try:
+        limits = default_limits(
+            config.memory_limit, config.shm_limit, config.gpu_memory_limit, gpu_total
+        )
+    except ValueError as error:
+        raise ConfigError(f"memory limit: {error}") from None
+    storage = open_storage(
+        config.storage,
+        heartbeat_interval=config.heartbeat_interval,
+        grace_period=config.grace_period,
+    )
+    name = config.study_name or study_name(config.objective, profile.name)
+    return PreparedStudy(
+        config, profile, fingerprint, workload, space, device, limits, storage, name
+    )
+
+
+def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
+    """Create the study (attrs, metric name, baselines) exactly once across a fleet."""
+    config = prepared.config
+    with storage_lock(config.storage, prepared.study_name):
+        study = optuna.create_study(
+            storage=prepared.storage,
+            study_name=prepared.study_name,
+            direction="maximize",
+            load_if_exists=True,
+        )
+        created = "profile" not in study.user_attrs
+        if created:
+            study.set_metric_names([METRIC_NAME])
+            study.set_user_attr("profile", dataclasses.asdict(prepared.profile))
+            study.set_user_attr("workload", prepared.workload.description or prepared.workload.name)
+            study.set_user_attr("objective", config.objective)
+            study.set_user_attr("batch_param", prepared.workload.batch_param)
+            study.set_user_attr("workload_options", config.objective_options)
+            study.set_user_attr("tuner_version", __version__)
+        stored_options = study.user_attrs.get("workload_options", {})
+        if stored_options != config.objective_options:
+            raise ConfigError(
+                f"study {prepared.study_name} was created with workload options {stored_options}; "
+                "use the same options or another --study-name"
+            )
+    return study, created
+
+
+def _probe(prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor) -> int | None:
+    """The study's ``max_batch_size``: probed once, by whichever worker gets there first."""
+    if "max_batch_size" in study.user_attrs:
+        return study.user_attrs["max_batch_size"]
+    space = prepared.space
+    if not prepared.config.probe_batch or space.batch_param in space.fixed:
+        return None
+    candidates = space.batch_choices()
+    if space.batch_param == "batch_size":
+        candidates = [
+            b for b in candidates if b <= max(candidates[0], len(prepared.workload.dataset))
+        ]
+    settings = space.settings(
+        0,
+        candidates[0],
+        None,
+        False,
+        space.cuda,
+        space.max_threads,
+        prepared.workload.default_knobs,
+    )
+    runner_job = _runner(prepared, supervisor).job(settings)
+    largest, reason = probe_max_batch(
+        supervisor,
+        runner_job,
+        settings,
+        candidates,
+        deadline_s=_trial_deadline(prepared.config) * 2,
+    )
+    if largest is None:
+        raise ConfigError(
+            f"even batch {candidates[0]} does not fit under the memory limits ({reason}); "
+            "raise --memory-limit/--gpu-memory-limit or use a smaller workload"
+        )
+    with storage_lock(prepared.config.storage, prepared.study_name):
+        attrs = study.user_attrs  # a fresh read: another worker may have probed meanwhile
+        if "max_batch_size" not in attrs:
+            study.set_user_attr("max_batch_size", largest)
+            return largest
+        return attrs["max_batch_size"]
+
+
+def _trial_deadline(config: StudyConfig) -> float:
+    """How long a trial child may take before it is killed as hung."""
+    if config.trial_timeout is not None:
+        return config.trial_timeout
+    return 60.0 + 3 * (config.warmup_seconds + config.trial_seconds)
+
+
+def _runner(prepared: PreparedStudy, supervisor: Supervisor) -> TrialRunner:
+    config = prepared.config
+    machine = {
+        "profile": _hardware.auto_profile_name(prepared.fingerprint),
+        **prepared.fingerprint.to_attrs(),
+    }
+    return TrialRunner(
+        supervisor=supervisor,
+        space=prepared.space,
+        objective=str(Path(config.objective).resolve())
+        if _is_file_objective(config.objective)
+        else config.objective,
+        objective_options=config.objective_options,
+        device=prepared.device,
+        window_s=config.trial_seconds,
+        warmup_s=config.warmup_seconds,
+        deadline_s=_trial_deadline(config),
+        seed=config.seed or 0,
+        machine_attrs=machine,
+    )
+
+
+def _is_file_objective(objective: str) -> bool:
+    return objective.rpartition(":")[0].endswith(".py")
+
+
+@contextlib.contextmanager
+def _heartbeat(storage: BaseStorage, trial_id: int, interval_s: int) -> Iterator[None]:
+    """Record the running trial's heartbeat from a thread; database hiccups are skipped."""
+    record = getattr(storage, "record_heartbeat", None)
+    if record is None or getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                record(trial_id)
+            except Exception:  # the database is restarting: the next beat will do
+                _log.debug("heartbeat not recorded", exc_info=True)
+            if stop.wait(interval_s):
+                return
+
+    thread = threading.Thread(target=beat, name="tuner-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _ask(study: optuna.Study, prepared: PreparedStudy) -> optuna.Trial | str | None:
+    """A new trial, ``None`` when the fleet's total is reached, ``"wait"`` while others finish."""
+    total = prepared.config.total_trials
+    fail_stale_trials(study)
+    if total is None:
+        return study.ask()
+    with storage_lock(prepared.config.storage, prepared.study_name):
+        trials = study.get_trials(deepcopy=False, states=(*FINISHED, TrialState.RUNNING))
+        finished = sum(trial.state in FINISHED for trial in trials)
+        running = len(trials) - finished
+        if finished >= total:
+            return None
+        if finished + running >= total:
+            return "wait"
+        return study.ask()
+
+
+def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:
+    if config.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=config.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # group=True: the space is conditional (prefetch only with workers); constant_liar (on by
+        # default in Optuna 5) keeps concurrent workers of a fleet from sampling the same point.
+        return optuna.samplers.TPESampler(seed=config.seed, group=True, n_startup_trials=6)
+
+
+def _pruner() -> optuna.pruners.BasePruner:
+    # Stop only clearly slow trials: below the 25th percentile of earlier ones at the same step,
+    # after a few reports so the warm-up noise has settled.
+    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=2)
+
+
+@dataclasses.dataclass
+class StudyResult:
+    study: optuna.Study
+    trials_run: int
+    best_trial: optuna.trial.FrozenTrial | None
+    remeasured: dict[int, float]
+
+
+def _remeasure(
+    study: optuna.Study, runner: TrialRunner, config: StudyConfig, out: TextIO
+) -> dict[int, float]:
+    """Re-measure the top candidates and the baselines side by side, interleaved; medians."""
+    if config.remeasure_top <= 0 or config.remeasure_rounds <= 0:
+        return {}
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    ranked = sorted(complete, key=lambda t: t.value or 0.0, reverse=True)
+    chosen: list[optuna.trial.FrozenTrial] = []
+    seen: list[dict[str, Any]] = []
+    for trial in ranked:
+        settings = trial.user_attrs.get("settings")
+        if settings in seen:
+            continue
+        if len(chosen) < config.remeasure_top or "baseline" in trial.user_attrs:
+            chosen.append(trial)
+            seen.append(settings)
+    if not chosen:
+        return {}
+    runs: dict[int, list[float]] = {trial.number: [] for trial in chosen}
+    total = len(chosen) * config.remeasure_rounds
+    with tqdm(
+        total=total, desc="re-measuring", file=out, disable=not config.progress, leave=False
+    ) as bar:
+        for _ in range(config.remeasure_rounds):
+            for trial in chosen:
+                outcome = runner.measure(LoaderSettings.from_attrs(trial.user_attrs["settings"]))
+                if outcome.state == "complete":
+                    runs[trial.number].append(float(outcome.attrs["samples_per_sec"]))
+                bar.update()
+    medians = {number: statistics.median(values) for number, values in runs.items() if values}
+    if medians:
+        # Finished trials are immutable in Optuna: re-measurements live in the study's attrs.
+        stored = {**study.user_attrs.get(REMEASURED_ATTR, {}), **{str(n): v for n, v in medians.items()}}
+        best_number = max(medians, key=lambda n: medians[n])
+        with_retry(lambda: study.set_user_attr(REMEASURED_ATTR, stored), "recording re-measurements")
+        with_retry(lambda: study.set_user_attr("best_trial_number", best_number), "recording the best")
+    return medians
+
+
+def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
+    """Run the study described by ``config``; see the module docstring for what survives what."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # We run the heartbeat ourselves around ask/tell (see _heartbeat), which Optuna cannot see.
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    prepared = prepare(config)
+    study, created = _create_or_resume(prepared)
+    print(
+        f"{'created' if created else 'resuming'} study {prepared.study_name} "
+        f"in {mask_url(config.storage)} (device {prepared.device})",
+        file=out,
+    )
+    guard = MemoryGuard(
+        prepared.limits,
+        gpu=open_gpu_reader(_log) if prepared.space.cuda else None,
+        gpu_index=0 if prepared.space.cuda else None,
+    )
+    supervisor = Supervisor(guard)
+    max_batch = _probe(prepared, study, supervisor)
+    prepared.space = dataclasses.replace(prepared.space, max_batch=max_batch)
+    runner = _runner(prepared, supervisor)
+    with storage_lock(config.storage, prepared.study_name):
+        enqueue_baselines(study, prepared.space, prepared.fingerprint.physical_cores)
+    study = optuna.load_study(
+        study_name=prepared.study_name,
+        storage=prepared.storage,
+        sampler=_sampler(config),
+        pruner=_pruner(),
+    )
+    started = time.monotonic()
+    trials_run = 0
+    total = (
+        config.n_trials
+        if config.total_trials is None
+        else min(config.n_trials or config.total_trials, config.total_trials)
+    )
+    bar = tqdm(
+        total=total, desc=prepared.study_name, file=out, disable=not config.progress, unit="trial"
+    )
+    try:
+        while config.n_trials is None or trials_run < config.n_trials:
+            if config.timeout is not None and time.monotonic() - started >= config.timeout:
+                break
+            asked = with_retry(lambda: _ask(study, prepared), "asking for a trial")
+            if asked is None:
+                break
+            if asked == "wait":
+                time.sleep(min(2.0, config.heartbeat_interval))
+                continue
+            assert isinstance(asked, optuna.Trial)
+            trial = asked
+            with _heartbeat(study._storage, trial._trial_id, config.heartbeat_interval):
+                try:
+                    outcome = runner.run(study, trial)
+                except ValueError as error:
+                    # Optuna refuses a distribution that differs from the study's (other flags).
+                    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                    raise ConfigError(
+                        f"study {prepared.study_name} was tuned with another search space ({error}); "
+                        "use the same flags or another --study-name"
+                    ) from None
+            trials_run += 1
+            bar.set_postfix_str(
+                _postfix(study, trial.number, outcome.state, outcome.reason), refresh=False
+            )
+            bar.update()
+    finally:
+        bar.close()
+    medians = _remeasure(study, runner, config, out)
+    best = print_summary(study, prepared.space.batch_param, out=sys.stdout)
+    return StudyResult(study, trials_run, best, medians)
+
+
+def _postfix(study: optuna.Study, number: int, state: str, reason: str | None) -> str:
+    try:
+        best = f"best {study.best_value:,.0f} samples/s"
+    except ValueError:
+        best = "no result yet"
+    last = f"#{number} {state}" + (f" ({reason})" if reason else "")
+    return f"{best}; {last}"

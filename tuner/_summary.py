@@ -1,0 +1,126 @@
+"""The end of a run in the terminal: the top trials, the speedups, the setting to use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, REMEASURED_ATTR
+from tuner._settings import LoaderSettings
+from tuner._snippet import dataloader_snippet
+from tuner._table import format_table
+
+__all__ = ["best_trial", "print_summary", "remeasured", "speedups", "trial_throughput"]
+
+
+def remeasured(study: optuna.Study) -> dict[int, float]:
+    """Trial number -> median re-measured samples/sec, from the study's attrs."""
+    stored = study.user_attrs.get(REMEASURED_ATTR, {})
+    return {int(number): float(value) for number, value in stored.items()}
+
+
+def trial_throughput(trial: FrozenTrial, medians: Mapping[int, float]) -> float:
+    """The re-measured median when there is one, else the trial's own window."""
+    return float(medians.get(trial.number, trial.value or 0.0))
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The re-measured winner when the study has one, else Optuna's best trial.
+
+    A trial finished after the last re-measurement wins only if its own window beats the
+    re-measured winner by more than the noise of one window (5%).
+    """
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        return None
+    medians = remeasured(study)
+    by_number = {trial.number: trial for trial in complete}
+    number = study.user_attrs.get("best_trial_number")
+    newest = max(complete, key=lambda t: t.value or 0.0)
+    if number not in by_number:
+        return newest
+    chosen = by_number[number]
+    if newest.number not in medians and (newest.value or 0.0) > 1.05 * trial_throughput(chosen, medians):
+        return newest
+    return chosen
+
+
+def speedups(study: optuna.Study, best: FrozenTrial) -> dict[str, float]:
+    """The best's throughput over each baseline's (re-measured where both were)."""
+    medians = remeasured(study)
+    result = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        name = trial.user_attrs.get("baseline")
+        baseline = trial_throughput(trial, medians)
+        if name in (BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB) and baseline > 0:
+            result[name] = trial_throughput(best, medians) / baseline
+    return result
+
+
+def _row(trial: FrozenTrial, medians: Mapping[int, float]) -> list[Any]:
+    settings = LoaderSettings.from_attrs(trial.user_attrs["settings"])
+    again = medians.get(trial.number)
+    knobs = ",".join(f"{k}={v}" for k, v in settings.knobs.items())
+    return [
+        trial.number,
+        f"{trial.value:,.1f}" if trial.value is not None else "-",
+        f"{again:,.1f}" if again is not None else "-",
+        settings.num_workers,
+        settings.batch,
+        settings.prefetch_factor if settings.prefetch_factor is not None else "-",
+        settings.persistent_workers,
+        settings.pin_memory,
+        settings.torch_num_threads,
+        knobs or "-",
+        trial.user_attrs.get("baseline", ""),
+    ]
+
+
+def print_summary(
+    study: optuna.Study,
+    batch_param: str,
+    out: TextIO,
+    top: int = 5,
+) -> FrozenTrial | None:
+    """Print the table of the top trials, the speedups and the snippet; return the best."""
+    trials = study.get_trials(deepcopy=False)
+    counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
+    print(
+        f"\nstudy {study.study_name}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n),
+        file=out,
+    )
+    best = best_trial(study)
+    if best is None:
+        print("no trial completed; see the trials' pruned_reason and error attrs", file=out)
+        return None
+    medians = remeasured(study)
+    complete = sorted(
+        (t for t in trials if t.state == TrialState.COMPLETE),
+        key=lambda t: trial_throughput(t, medians),
+        reverse=True,
+    )
+    rows = [_row(trial, medians) for trial in complete[:top]]
+    rows += [_row(t, medians) for t in complete[top:] if "baseline" in t.user_attrs]
+    headers = [
+        "trial",
+        "samples/s",
+        "re-measured",
+        "num_workers",
+        batch_param,
+        "prefetch",
+        "persistent",
+        "pin_memory",
+        "threads",
+        "knobs",
+        "baseline",
+    ]
+    print(format_table(headers, rows), file=out)
+    print(f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s", file=out)
+    for name, ratio in speedups(study, best).items():
+        print(f"  {ratio:.2f}x over {name}", file=out)
+    settings = LoaderSettings.from_attrs(best.user_attrs["settings"])
+    print("\n" + dataloader_snippet(settings, batch_param), file=out)
+    return best

@@ -1,0 +1,219 @@
+"""The trial supervisor: runs one trial in a child process and decides how it ended.
+
+Contract:
+
+* children are forked from a forkserver that has torch and the tuner preloaded (a trial starts
+  in milliseconds, not the seconds a fresh interpreter needs), and never from the study process
+  itself, whose threads and database connections must not be copied;
+* each child leads its own process group; its DataLoader workers are in it. Stopping a trial is
+  ``killpg`` SIGTERM, SIGKILL after a short grace, then a sweep of the remembered process tree,
+  and the supervisor returns only once none of those processes is left;
+* the study process is made a child subreaper, so the workers of a killed child are reparented to
+  it and reaped here, not left as zombies;
+* the supervisor runs the guard between messages; the guard never kills, the supervisor does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.context
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from tuner._guard import Breach, MemoryGuard
+from tuner._memory import process_tree
+from tuner._outcome import TrialOutcome, classify_exit
+
+__all__ = ["Supervisor", "kill_tree"]
+
+_log = logging.getLogger("tuner.supervisor")
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+ProgressHandler = Callable[[float, float], bool]
+"""``handler(elapsed_s, samples_per_sec) -> stop``: reports to Optuna, True to prune."""
+
+MessageHandler = Callable[[dict[str, Any]], None]
+
+
+def _become_subreaper() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except OSError:
+        pass
+
+
+def _reap(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def kill_tree(pgid: int, known: list[psutil.Process], grace_s: float = 0.5) -> float:
+    """Kill a trial's process group and every process remembered in its tree; wait for them.
+
+    Returns the seconds from the first signal until none of the processes is left.
+    """
+    started = time.monotonic()
+    alive = [process for process in known if process.is_running()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for process in alive:
+            try:
+                process.send_signal(sig)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=grace_s if sig == signal.SIGTERM else 5.0)
+        _reap([process.pid for process in known])
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            break
+    return time.monotonic() - started
+
+
+class Supervisor:
+    """Starts trial children and watches them until each one ends."""
+
+    def __init__(self, guard: MemoryGuard, kill_grace_s: float = 0.5) -> None:
+        self.guard = guard
+        self.kill_grace_s = kill_grace_s
+        self._context: multiprocessing.context.ForkServerContext | None = None
+        _become_subreaper()
+
+    def _ctx(self) -> multiprocessing.context.ForkServerContext:
+        if self._context is None:
+            # The resource tracker, started with the forkserver, inherits these options. A killed
+            # trial cannot unregister its DataLoader's semaphores; the tracker cleans them up, and
+            # its "leaked semaphore" warning at exit would only alarm users.
+            sys.warnoptions.append("ignore::UserWarning")
+            context = multiprocessing.get_context("forkserver")
+            assert isinstance(context, multiprocessing.context.ForkServerContext)
+            context.set_forkserver_preload(["tuner._child"])
+            self._context = context
+        return self._context
+
+    def run(
+        self,
+        job: dict[str, Any],
+        deadline_s: float,
+        on_progress: ProgressHandler | None = None,
+        on_message: MessageHandler | None = None,
+    ) -> TrialOutcome:
+        """Run ``job`` in a child; return how it ended, with the guard's peaks in its attrs."""
+        from tuner._child import run_child
+
+        context = self._ctx()
+        receiver, sender = context.Pipe(duplex=False)
+        job = {"cwd": os.getcwd(), **job}
+        process = context.Process(target=run_child, args=(sender, job, os.getpid()), daemon=False)
+        process.start()
+        sender.close()
+        assert process.pid is not None
+        pid = process.pid
+        self.guard.start(pid)
+        deadline = time.monotonic() + deadline_s
+        outcome: TrialOutcome | None = None
+        known: dict[int, psutil.Process] = {}
+        next_sample = time.monotonic()
+        try:
+            while outcome is None:
+                now = time.monotonic()
+                if now >= next_sample:
+                    for member in process_tree(pid):
+                        known.setdefault(member.pid, member)
+                    breach = self.guard.check(self.guard.sample())
+                    next_sample = now + self.guard.interval_s
+                    if breach is not None:
+                        outcome = self._stop(pid, known, breach=breach)
+                        break
+                if now >= deadline:
+                    outcome = self._stop(pid, known, reason="timeout")
+                    outcome.error = f"no result within {deadline_s:.0f} s"
+                    break
+                wait = max(0.0, min(next_sample, deadline) - time.monotonic())
+                if receiver.poll(wait):
+                    try:
+                        message = receiver.recv()
+                    except (EOFError, OSError):
+                        outcome = self._ended_without_result(process)
+                        break
+                    outcome = self._handle(message, pid, known, on_progress, on_message)
+                elif not process.is_alive() and not receiver.poll(0):
+                    outcome = self._ended_without_result(process)
+        finally:
+            receiver.close()
+            process.join(timeout=5.0)
+            for member in process_tree(pid):
+                known.setdefault(member.pid, member)
+            leftovers = [p for p in known.values() if p.is_running()]
+            if process.is_alive() or leftovers:
+                kill_tree(pid, leftovers, self.kill_grace_s)
+                process.join(timeout=5.0)
+            _reap(list(known))
+        outcome.attrs.update(self.guard.peaks())
+        return outcome
+
+    def _handle(
+        self,
+        message: dict[str, Any],
+        pid: int,
+        known: dict[int, psutil.Process],
+        on_progress: ProgressHandler | None,
+        on_message: MessageHandler | None,
+    ) -> TrialOutcome | None:
+        kind = message.get("kind")
+        if kind == "progress":
+            if on_progress is not None and on_progress(
+                message["elapsed_s"], message["samples_per_sec"]
+            ):
+                return self._stop(pid, known, reason="pruner")
+            return None
+        if kind == "result":
+            return TrialOutcome("complete", dict(message["attrs"]))
+        if kind == "error":
+            reason = message.get("reason")
+            if reason is not None:
+                return TrialOutcome("pruned", reason=reason, error=message["error"])
+            return TrialOutcome("failed", error=message["error"])
+        if on_message is not None:
+            on_message(message)
+        return None
+
+    def _stop(
+        self,
+        pid: int,
+        known: dict[int, psutil.Process],
+        reason: str | None = None,
+        breach: Breach | None = None,
+    ) -> TrialOutcome:
+        for member in process_tree(pid):
+            known.setdefault(member.pid, member)
+        gone_after_s = kill_tree(pid, list(known.values()), self.kill_grace_s)
+        attrs: dict[str, Any] = {"kill_seconds": gone_after_s}
+        if breach is not None:
+            attrs.update(breach.to_attrs())
+            reason = breach.reason
+        _log.debug("stopped trial child %d (%s) in %.3f s", pid, reason, gone_after_s)
+        return TrialOutcome("pruned", attrs, reason=reason)
+
+    def _ended_without_result(self, process: multiprocessing.process.BaseProcess) -> TrialOutcome:
+        process.join(timeout=5.0)
+        reason = classify_exit(process.exitcode)
+        if reason.startswith("trial_exited"):
+            return TrialOutcome(
+                "failed", error=f"the trial process ended without a result ({reason})"
+            )
+        return TrialOutcome("pruned", reason=reason, error=f"the trial process was {reason}")

@@ -1,0 +1,144 @@
+"""One Optuna trial: pick the setting, run it under the supervisor, record what happened.
+
+The study process owns every database write; the child only measures. A result measured while
+the database is down is held here and written once the database is back (``with_retry``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from storage import is_connection_error, with_retry
+from tuner._naming import is_memory_reason
+from tuner._outcome import TrialOutcome
+from tuner._settings import LoaderSettings
+from tuner._space import SearchSpace
+from tuner._supervisor import Supervisor
+
+__all__ = ["TrialRunner", "memory_walls"]
+
+_log = logging.getLogger("tuner.trial")
+
+MEMORY_CONSTRAINT = "memory"
+"""Optuna constraint: > 0 for settings that did not fit, so the sampler learns the wall."""
+
+
+def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, LoaderSettings]]:
+    """Settings pruned for memory (by the guard or an out-of-memory error), with trial numbers."""
+    walls = []
+    for trial in trials:
+        if trial.state == TrialState.PRUNED and is_memory_reason(
+            trial.user_attrs.get("pruned_reason")
+        ):
+            settings = trial.user_attrs.get("settings")
+            if settings is not None:
+                walls.append((trial.number, LoaderSettings.from_attrs(settings)))
+    return walls
+
+
+@dataclasses.dataclass
+class TrialRunner:
+    """Everything needed to run trials of one study on this machine."""
+
+    supervisor: Supervisor
+    space: SearchSpace
+    objective: str
+    objective_options: dict[str, Any]
+    device: str
+    window_s: float
+    warmup_s: float
+    deadline_s: float
+    seed: int
+    machine_attrs: dict[str, Any]
+
+    def job(self, settings: LoaderSettings) -> dict[str, Any]:
+        return {
+            "mode": "measure",
+            "objective": self.objective,
+            "options": self.objective_options,
+            "settings": settings.to_attrs(),
+            "device": self.device,
+            "window_s": self.window_s,
+            "warmup_s": self.warmup_s,
+            "seed": self.seed,
+            "sys_path": list(sys.path),
+        }
+
+    def measure(self, settings: LoaderSettings, on_progress: Any = None) -> TrialOutcome:
+        """Run one measurement of ``settings`` in a supervised child."""
+        return self.supervisor.run(self.job(settings), self.deadline_s, on_progress=on_progress)
+
+    def settings_for(self, trial: optuna.Trial) -> LoaderSettings:
+        """Enqueued trials (baselines, warm starts, retries) carry their exact setting."""
+        sampled = self.space.suggest(trial)
+        enqueued = trial.user_attrs.get("settings")
+        return LoaderSettings.from_attrs(enqueued) if enqueued is not None else sampled
+
+    def run(self, study: optuna.Study, trial: optuna.Trial) -> TrialOutcome:
+        """Run ``trial`` to its end and tell the study; never raises for the trial's own failure."""
+        settings = with_retry(lambda: self.settings_for(trial), "sampling a trial")
+        walls = memory_walls(with_retry(lambda: study.get_trials(deepcopy=False), "reading trials"))
+        for wall_number, wall in walls:
+            if settings.dominates(wall) and "baseline" not in trial.user_attrs:
+                outcome = TrialOutcome(
+                    "pruned", {"dominated_by": wall_number}, reason="memory_wall"
+                )
+                self._finish(study, trial, settings, outcome)
+                return outcome
+        step = 0
+
+        def on_progress(elapsed_s: float, samples_per_sec: float) -> bool:
+            nonlocal step
+            step += 1
+            try:
+                trial.report(samples_per_sec, step)
+                return trial.should_prune()
+            except Exception as error:  # a database hiccup must not cost the measurement
+                if not is_connection_error(error):
+                    raise
+                return False
+
+        outcome = self.measure(settings, on_progress)
+        self._finish(study, trial, settings, outcome)
+        return outcome
+
+    def _finish(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        settings: LoaderSettings,
+        outcome: TrialOutcome,
+    ) -> None:
+        attrs: dict[str, Any] = {"settings": settings.to_attrs(), "machine": self.machine_attrs}
+        attrs.update(outcome.attrs)
+        if outcome.reason is not None:
+            attrs["pruned_reason"] = outcome.reason
+        if outcome.error is not None:
+            attrs["error"] = outcome.error
+        for key, value in attrs.items():
+            with_retry(
+                lambda key=key, value=value: trial.set_user_attr(key, value), "recording a trial"
+            )
+        constraint = (
+            1.0 if is_memory_reason(outcome.reason) or outcome.reason == "memory_wall" else 0.0
+        )
+        with_retry(lambda: trial.set_constraint(MEMORY_CONSTRAINT, constraint), "recording a trial")
+        if outcome.state == "complete":
+            value = float(outcome.attrs["samples_per_sec"])
+            tell: dict[str, Any] = (
+                {"values": value} if math.isfinite(value) else {"state": TrialState.FAIL}
+            )
+        elif outcome.state == "pruned":
+            tell = {"state": TrialState.PRUNED}
+        else:
+            tell = {"state": TrialState.FAIL}
+
+        # skip_if_finished: a retried tell whose first attempt reached the database after all.
+        with_retry(lambda: study.tell(trial, skip_if_finished=True, **tell), "recording a trial")

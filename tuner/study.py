@@ -1,0 +1,184 @@
+"""``python -m tuner.study``: tune a workload's DataLoader on this machine for a hardware profile.
+
+    python -m tuner.study --hardware auto --n-trials 20
+    python -m tuner.study --hardware g4dn.xlarge --objective mypkg.data:workload --storage postgresql+psycopg://...
+
+Objectives given as ``module:attr`` or ``file.py:attr`` are user code: they are imported and run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
+from tuner._study import StudyConfig, run_study
+
+__all__ = ["main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(
+        prog="python -m tuner.study", description=__doc__.splitlines()[0].split(": ", 1)[1]
+    )
+    add_common(p)
+    run = p.add_argument_group("run")
+    run.add_argument(
+        "--n-trials", type=int, default=20, help="trials for this process (default 20)"
+    )
+    run.add_argument(
+        "--total-trials",
+        type=int,
+        default=None,
+        help="stop the whole fleet once the study holds this many finished trials",
+    )
+    run.add_argument("--timeout", type=float, default=None, help="seconds for this whole run")
+    run.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--sampler", choices=("tpe", "random"), default="tpe")
+    run.add_argument(
+        "--trial-seconds", type=float, default=3.0, help="measurement window per trial"
+    )
+    run.add_argument("--warmup-seconds", type=float, default=1.0)
+    run.add_argument(
+        "--trial-timeout",
+        type=float,
+        default=None,
+        help="kill a trial after this many seconds (default 60 + 3x its windows)",
+    )
+    run.add_argument(
+        "--fix",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="freeze a parameter (repeatable)",
+    )
+    run.add_argument(
+        "--effective-batch",
+        type=int,
+        default=None,
+        help="keep this effective batch through gradient accumulation",
+    )
+    run.add_argument(
+        "--multiprocessing-context",
+        choices=("fork", "spawn", "forkserver"),
+        default=None,
+        help="the DataLoader's worker start method",
+    )
+    run.add_argument(
+        "--no-probe-batch",
+        dest="probe_batch",
+        action="store_false",
+        help="skip finding the largest batch that fits first",
+    )
+    run.add_argument(
+        "--remeasure-top",
+        type=int,
+        default=3,
+        help="re-measure this many best settings at the end (0: none)",
+    )
+    run.add_argument("--remeasure-rounds", type=int, default=3)
+    run.add_argument("--no-progress", dest="progress", action="store_false")
+    guard = p.add_argument_group("memory guard")
+    guard.add_argument(
+        "--memory-limit",
+        default=None,
+        metavar="SIZE|FRACTION",
+        help="host budget (default 90%% of RAM or the cgroup limit)",
+    )
+    guard.add_argument(
+        "--shm-limit", default=None, metavar="SIZE|FRACTION", help="default 90%% of /dev/shm"
+    )
+    guard.add_argument(
+        "--gpu-memory-limit",
+        default=None,
+        metavar="SIZE|FRACTION",
+        help="default 95%% of the device",
+    )
+    fleet = p.add_argument_group("fleet")
+    fleet.add_argument(
+        "--heartbeat-interval",
+        type=int,
+        default=10,
+        help="seconds between a running trial's heartbeats",
+    )
+    fleet.add_argument(
+        "--grace-period",
+        type=int,
+        default=None,
+        help="seconds without a heartbeat before a trial is failed and retried",
+    )
+    workload = p.add_argument_group("built-in workloads")
+    workload.add_argument(
+        "--model", default=None, help="image: small-cnn (default) or resnet50 (needs torchvision)"
+    )
+    workload.add_argument(
+        "--images", type=int, default=None, help="image: how many JPEGs to generate"
+    )
+    workload.add_argument(
+        "--resolution", type=int, default=None, help="image: generated JPEG size in pixels"
+    )
+    workload.add_argument(
+        "--image-dir", default=None, help="image: read real image files from this folder"
+    )
+    workload.add_argument(
+        "--sequences", type=int, default=None, help="text: how many token sequences"
+    )
+    return p
+
+
+_WORKLOAD_FLAGS = {"image": ("model", "images", "resolution", "image_dir"), "text": ("sequences",)}
+
+
+def _objective_options(args: argparse.Namespace) -> dict[str, object]:
+    options = {}
+    for objective, flags in _WORKLOAD_FLAGS.items():
+        for flag in flags:
+            value = getattr(args, flag)
+            if value is None:
+                continue
+            if args.objective != objective:
+                raise UsageError(
+                    f"--{flag.replace('_', '-')} applies to --objective {objective} only"
+                )
+            options[flag] = value
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    config = StudyConfig(
+        hardware=args.hardware,
+        objective=args.objective,
+        objective_options=_objective_options(args),
+        storage=storage_url(args.storage),
+        study_name=args.study_name,
+        n_trials=args.n_trials,
+        total_trials=args.total_trials,
+        timeout=args.timeout,
+        device=args.device,
+        seed=args.seed,
+        trial_seconds=args.trial_seconds,
+        warmup_seconds=args.warmup_seconds,
+        trial_timeout=args.trial_timeout,
+        fix=args.fix,
+        effective_batch=args.effective_batch,
+        sampler=args.sampler,
+        memory_limit=args.memory_limit,
+        shm_limit=args.shm_limit,
+        gpu_memory_limit=args.gpu_memory_limit,
+        probe_batch=args.probe_batch,
+        remeasure_top=args.remeasure_top,
+        remeasure_rounds=args.remeasure_rounds,
+        multiprocessing_context=args.multiprocessing_context,
+        heartbeat_interval=args.heartbeat_interval,
+        grace_period=args.grace_period,
+        profiles_file=args.profiles,
+        progress=args.progress,
+    )
+    result = run_study(config)
+    return 0 if result.best_trial is not None or result.trials_run else 1
+
+
+if __name__ == "__main__":
+    run_cli("tuner.study", main)
