@@ -137,7 +137,8 @@ def _as_workload(value: Any, spec: str) -> Workload:
         return value
     if not callable(value):
         raise WorkloadError(
-            f"{spec} is a {type(value).__name__}, not a Workload or a function returning one"
+            f"{spec} has type {type(value).__name__}; expected a Workload or a function "
+            "returning one"
         )
     try:
         inspect.signature(value).bind()
@@ -150,7 +151,9 @@ def _as_workload(value: Any, spec: str) -> Workload:
     except Exception as error:
         raise WorkloadError(f"calling {spec} failed: {_describe(error)}") from error
     if not isinstance(result, Workload):
-        raise WorkloadError(f"{spec} returned a {type(result).__name__}, not a Workload")
+        raise WorkloadError(
+            f"{spec} returned a value of type {type(result).__name__}; expected a Workload"
+        )
     return result
 
 

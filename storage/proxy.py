@@ -9,7 +9,7 @@ and then, or fail them with ``optuna.storages.fail_stale_trials``); and the cros
 that makes baselines and ``--total-trials`` exact is not available through it, so start the
 first worker against the database URL to create the study.
 
-    python -m storage.proxy --storage postgresql+psycopg://tuner@db/tuner --host 127.0.0.1 --port 13000
+    python -m storage.proxy --storage postgresql+psycopg://tuner@db/tuner --port 13000
 """
 
 from __future__ import annotations
@@ -25,9 +25,17 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m storage.proxy", description="Serve a storage over gRPC.")
-    parser.add_argument("--storage", default=None, help="database URL (default: $TUNER_STORAGE, else sqlite:///tuner.db)")
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)")
+    parser = argparse.ArgumentParser(
+        prog="python -m storage.proxy", description="Serve a storage over gRPC."
+    )
+    parser.add_argument(
+        "--storage",
+        default=None,
+        help="database URL (default: $TUNER_STORAGE, else sqlite:///tuner.db)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 exposes it)"
+    )
     parser.add_argument("--port", type=int, default=13000)
     args = parser.parse_args(argv)
     url = args.storage or default_storage_url()
@@ -36,7 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         storage = open_storage(url, heartbeat_interval=None)
     except ImportError:
-        print("storage.proxy: error: needs grpcio: pip install 'dataloader-tuner[grpc]'", file=sys.stderr)
+        print(
+            "storage.proxy: error: needs grpcio: pip install 'dataloader-tuner[grpc]'",
+            file=sys.stderr,
+        )
         return 2
     except StorageError as error:
         print(f"storage.proxy: error: {error}", file=sys.stderr)

@@ -58,7 +58,9 @@ def postgres_url() -> Iterator[str]:
         admin.dispose()
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m <args>`` as a user would, from the repository's Python."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(

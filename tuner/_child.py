@@ -13,6 +13,7 @@ Contract with the supervisor (:mod:`tuner._supervisor`):
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import sys
@@ -90,6 +91,9 @@ def run_child(conn: Connection, job: dict[str, Any], supervisor_pid: int) -> Non
     """Entry point of the trial child process (the target of a forkserver ``Process``)."""
     os.setpgid(0, 0)
     _die_with_parent(supervisor_pid)
+    # A forkserver Process makes "forkserver" its own default start method; DataLoader workers
+    # must start the way they would in the user's process: the platform's default.
+    multiprocessing.set_start_method(None, force=True)
     if job.get("cwd"):
         os.chdir(job["cwd"])
     if job.get("sys_path"):

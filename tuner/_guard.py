@@ -255,8 +255,12 @@ class MemoryGuard:
             breach = self._check("shm", reading.shm_bytes, self._shm, limits.shm_bytes)
         if breach is None:
             breach = self._check("gpu", reading.gpu_bytes, self._gpu_series, limits.gpu_bytes)
-        if breach is None and len(self._swap_rates) >= 2:
-            if min(list(self._swap_rates)[-2:]) > SWAP_OUT_LIMIT_BYTES_PER_S:
-                rate = self._swap_rates[-1]
-                breach = Breach("swap", rate, SWAP_OUT_LIMIT_BYTES_PER_S, predicted=False)
+        swapping = (
+            len(self._swap_rates) >= 2
+            and min(list(self._swap_rates)[-2:]) > SWAP_OUT_LIMIT_BYTES_PER_S
+        )
+        if breach is None and swapping:
+            breach = Breach(
+                "swap", self._swap_rates[-1], SWAP_OUT_LIMIT_BYTES_PER_S, predicted=False
+            )
         return breach

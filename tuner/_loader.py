@@ -86,7 +86,7 @@ def _rule_of_thumb(batch_size: int) -> LoaderSettings:
 
 
 class AdaptiveLoader:
-    """Iterates like a DataLoader; between epochs, steps workers/prefetch with the machine's load."""
+    """Iterates like a DataLoader; between epochs, follows the machine's load."""
 
     def __init__(
         self,
@@ -137,7 +137,8 @@ class AdaptiveLoader:
                 )
         if new != current:
             _log.warning(
-                "loader: num_workers %d -> %d, prefetch_factor %s -> %s (cpu %.0f%%, %.0f%% memory available)",
+                "loader: num_workers %d -> %d, prefetch_factor %s -> %s "
+                "(cpu %.0f%%, %.0f%% memory available)",
                 current.num_workers,
                 new.num_workers,
                 current.prefetch_factor,

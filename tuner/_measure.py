@@ -59,7 +59,7 @@ def count_samples(batch: Any) -> int:
 
 
 class _EpochLoop:
-    """An endless stream of batches that starts a new iterator at each epoch end, as training does."""
+    """Endless batches, a new iterator at each epoch end, as training does."""
 
     def __init__(self, loader: DataLoader) -> None:
         self._loader = loader

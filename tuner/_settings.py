@@ -51,7 +51,7 @@ class LoaderSettings:
         return kwargs
 
     def build_dataloader_kwargs(self, workload: Workload, seed: int) -> dict[str, Any]:
-        """The full kwargs a trial builds its DataLoader with, batch sampler and collate included."""
+        """The kwargs a trial builds its DataLoader with, batch sampler and collate included."""
         kwargs = self.dataloader_kwargs(workload.batch_param)
         if workload.batch_sampler is not None:
             kwargs.pop("batch_size", None)

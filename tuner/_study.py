@@ -146,7 +146,8 @@ def prepare(config: StudyConfig) -> PreparedStudy:
             b for b in space.batch_choices() if low <= b <= high and config.effective_batch % b == 0
         ]:
             raise SpaceError(
-                f"--effective-batch {config.effective_batch}: no power of two in {low}..{high} divides it"
+                f"--effective-batch {config.effective_batch}: "
+                f"no power of two in {low}..{high} divides it"
             )
     space = dataclasses.replace(space, fixed=space.parse_fixed(config.fix))
     gpu_total = None
@@ -376,10 +377,17 @@ def _remeasure(
     medians = {number: statistics.median(values) for number, values in runs.items() if values}
     if medians:
         # Finished trials are immutable in Optuna: re-measurements live in the study's attrs.
-        stored = {**study.user_attrs.get(REMEASURED_ATTR, {}), **{str(n): v for n, v in medians.items()}}
+        stored = {
+            **study.user_attrs.get(REMEASURED_ATTR, {}),
+            **{str(n): v for n, v in medians.items()},
+        }
         best_number = max(medians, key=lambda n: medians[n])
-        with_retry(lambda: study.set_user_attr(REMEASURED_ATTR, stored), "recording re-measurements")
-        with_retry(lambda: study.set_user_attr("best_trial_number", best_number), "recording the best")
+        with_retry(
+            lambda: study.set_user_attr(REMEASURED_ATTR, stored), "recording re-measurements"
+        )
+        with_retry(
+            lambda: study.set_user_attr("best_trial_number", best_number), "recording the best"
+        )
     return medians
 
 
@@ -442,7 +450,8 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
                     # Optuna refuses a distribution that differs from the study's (other flags).
                     study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                     raise ConfigError(
-                        f"study {prepared.study_name} was tuned with another search space ({error}); "
+                        f"study {prepared.study_name} was tuned with another search space "
+                        f"({error}); "
                         "use the same flags or another --study-name"
                     ) from None
             trials_run += 1

@@ -43,7 +43,9 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
     if number not in by_number:
         return newest
     chosen = by_number[number]
-    if newest.number not in medians and (newest.value or 0.0) > 1.05 * trial_throughput(chosen, medians):
+    if newest.number not in medians and (newest.value or 0.0) > 1.05 * trial_throughput(
+        chosen, medians
+    ):
         return newest
     return chosen
 
@@ -118,7 +120,9 @@ def print_summary(
         "baseline",
     ]
     print(format_table(headers, rows), file=out)
-    print(f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s", file=out)
+    print(
+        f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s", file=out
+    )
     for name, ratio in speedups(study, best).items():
         print(f"  {ratio:.2f}x over {name}", file=out)
     settings = LoaderSettings.from_attrs(best.user_attrs["settings"])

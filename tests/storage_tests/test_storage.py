@@ -28,7 +28,10 @@ def test_default_url_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_passwords_are_masked() -> None:
-    assert mask_url("postgresql+psycopg://bob:s3cret@db:5432/x") == "postgresql+psycopg://bob:***@db:5432/x"
+    assert (
+        mask_url("postgresql+psycopg://bob:s3cret@db:5432/x")
+        == "postgresql+psycopg://bob:***@db:5432/x"
+    )
     assert "s3cret" not in mask_password('connection to "mysql://bob:s3cret@h/x" refused')
     assert mask_url("sqlite:///tuner.db") == "sqlite:///tuner.db"
 
@@ -80,7 +83,9 @@ def _assert_serialised(log: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_storage_lock_serialises_processes(backend: str, sqlite_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_storage_lock_serialises_processes(
+    backend: str, sqlite_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     url = sqlite_url if backend == "sqlite" else request.getfixturevalue("postgres_url")
     log = tmp_path / "log"
     context = multiprocessing.get_context("spawn")
@@ -99,7 +104,9 @@ def test_with_retry_rides_out_connection_errors() -> None:
     def flaky() -> str:
         calls.append(1)
         if len(calls) < 3:
-            raise sqlalchemy.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+            raise sqlalchemy.exc.OperationalError(
+                "SELECT 1", {}, Exception("server closed the connection")
+            )
         return "ok"
 
     assert with_retry(flaky, "testing", retry_seconds=30, sleep=lambda s: None) == "ok"

@@ -42,7 +42,7 @@ class Leaky(Vectors):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         block = bytearray(4 * 2**20)
-        block[:: 4096] = b"x" * len(block[:: 4096])
+        block[::4096] = b"x" * len(block[::4096])
         self._kept.append(block)
         time.sleep(0.005)
         return super().__getitem__(index)
@@ -74,11 +74,23 @@ def _sum_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) ->
 
 
 def fast() -> Workload:
-    return Workload(name="fast", dataset=Vectors(), step=_sum_step, default_batch_size=32, batch_size_range=(8, 64))
+    return Workload(
+        name="fast",
+        dataset=Vectors(),
+        step=_sum_step,
+        default_batch_size=32,
+        batch_size_range=(8, 64),
+    )
 
 
 def leaky() -> Workload:
-    return Workload(name="leaky", dataset=Leaky(), step=_sum_step, default_batch_size=16, batch_size_range=(16, 16))
+    return Workload(
+        name="leaky",
+        dataset=Leaky(),
+        step=_sum_step,
+        default_batch_size=16,
+        batch_size_range=(16, 16),
+    )
 
 
 def hanging() -> Workload:
@@ -90,4 +102,37 @@ def raising() -> Workload:
 
 
 def self_killing() -> Workload:
-    return Workload(name="self_killing", dataset=SelfKilling(), step=_sum_step, batch_size_range=(8, 8))
+    return Workload(
+        name="self_killing", dataset=SelfKilling(), step=_sum_step, batch_size_range=(8, 8)
+    )
+
+
+SHM_FILE_PREFIX = "tuner-tests-shm-fill-"
+"""Files :class:`ShmFilling` leaves in /dev/shm; whoever runs it removes them afterwards."""
+
+
+class ShmFilling(Vectors):
+    """Each worker writes 2 MiB into /dev/shm per sample, as a leaking shared-memory cache would.
+
+    It stops at 256 MiB per process, so a guard that fails to act cannot fill the machine's tmpfs.
+    """
+
+    def __init__(self, directory: str = "/dev/shm", cap_bytes: int = 256 * 2**20) -> None:
+        super().__init__(size=10_000)
+        self.directory, self.cap_bytes = directory, cap_bytes
+        self._written = 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self._written < self.cap_bytes:
+            name = f"{SHM_FILE_PREFIX}{os.getpid()}-{index}"
+            with open(os.path.join(self.directory, name), "wb") as file:
+                file.write(b"s" * 2**21)
+            self._written += 2**21
+        time.sleep(0.01)
+        return super().__getitem__(index)
+
+
+def shm_filling() -> Workload:
+    return Workload(
+        name="shm_filling", dataset=ShmFilling(), step=_sum_step, batch_size_range=(8, 8)
+    )

@@ -1,0 +1,335 @@
+"""``python -m tuner.study`` and ``python -m tuner.best`` as a user runs them: real subprocesses,
+real DataLoader workers, a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.conftest import run_cli
+from tuner._hardware import auto_profile_name, detect_fingerprint
+
+FAST = "tests.tuner_tests.workloads:fast"
+QUICK = [
+    "--trial-seconds",
+    "0.4",
+    "--warmup-seconds",
+    "0.1",
+    "--no-progress",
+    "--remeasure-rounds",
+    "1",
+]
+PROFILE = auto_profile_name(detect_fingerprint())
+
+
+def _study(db: Path, objective: str = FAST) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    label = (
+        objective
+        if ".py:" not in objective
+        else f"{Path(objective.split(':')[0]).name}:{objective.split(':')[1]}"
+    )
+    return optuna.load_study(study_name=f"{label}@{PROFILE}", storage=f"sqlite:///{db}")
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real study of the fast workload, shared by the read-only tests below."""
+    db = tmp_path_factory.mktemp("study") / "tuner.db"
+    result = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--objective",
+        FAST,
+        "--n-trials",
+        "6",
+        "--seed",
+        "0",
+        "--storage",
+        f"sqlite:///{db}",
+        *QUICK,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "best: trial" in result.stdout and "DataLoader(" in result.stdout
+    return db
+
+
+def test_study_records_what_it_measured(tuned: Path) -> None:
+    study = _study(tuned)
+    assert study.metric_names == ["samples_per_sec"]
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    assert study.user_attrs["profile"]["name"] == PROFILE
+    assert {"workload", "tuner_version", "max_batch_size"} <= set(study.user_attrs)
+    assert len(study.trials) == 6
+    for trial in study.trials:
+        assert trial.state == optuna.trial.TrialState.COMPLETE, trial.user_attrs
+        attrs = trial.user_attrs
+        assert attrs["samples_per_sec"] == pytest.approx(trial.value)
+        assert attrs["batches"] > 0 and attrs["device"] == "cpu"
+        assert 0.0 <= attrs["data_wait_fraction"] <= 1.0 and attrs["time_to_first_batch_s"] > 0
+        assert attrs["settings"]["pin_memory"] is False  # off CUDA: fixed, and recorded
+        assert "peak_host_memory_bytes" in attrs and attrs["machine"]["logical_cpus"] >= 1
+
+
+def test_baselines_come_first_and_once_also_on_resume(tuned: Path) -> None:
+    result = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--objective",
+        FAST,
+        "--n-trials",
+        "2",
+        "--storage",
+        f"sqlite:///{tuned}",
+        "--remeasure-top",
+        "0",
+        *QUICK,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "resuming study" in result.stderr
+    trials = _study(tuned).trials
+    baselines = [t for t in trials if "baseline" in t.user_attrs]
+    assert [t.user_attrs["baseline"] for t in baselines] == ["pytorch-default", "rule-of-thumb"]
+    assert [t.number for t in baselines] == [0, 1]
+    assert baselines[0].user_attrs["settings"]["num_workers"] == 0
+    assert baselines[1].user_attrs["settings"]["persistent_workers"] is True
+    assert len(trials) == 8
+
+
+def test_best_formats(tuned: Path) -> None:
+    storage = f"sqlite:///{tuned}"
+    as_json = run_cli(
+        "tuner.best",
+        "--hardware",
+        "auto",
+        "--objective",
+        FAST,
+        "--storage",
+        storage,
+        "--format",
+        "json",
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    kwargs = json.loads(as_json.stdout)
+    assert "samples/s" in as_json.stderr
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), **kwargs)
+    assert sum(len(batch[0]) for batch in loader) == 64
+    as_python = run_cli(
+        "tuner.best",
+        "--hardware",
+        "auto",
+        "--objective",
+        FAST,
+        "--storage",
+        storage,
+        "--format",
+        "python",
+    )
+    assert "loader = DataLoader(" in as_python.stdout
+    compile(as_python.stdout, "snippet", "exec")
+    table = run_cli("tuner.best", "--hardware", "auto", "--objective", FAST, "--storage", storage)
+    assert "num_workers" in table.stdout and "finished trials" in table.stdout
+
+
+def test_best_params_api_matches_the_cli(tuned: Path) -> None:
+    import tuner
+
+    kwargs = tuner.best_params("auto", objective=FAST, storage=f"sqlite:///{tuned}")
+    cli = run_cli(
+        "tuner.best",
+        "--hardware",
+        "auto",
+        "--objective",
+        FAST,
+        "--storage",
+        f"sqlite:///{tuned}",
+        "--format",
+        "json",
+    )
+    assert kwargs == json.loads(cli.stdout)
+
+
+def _optuna(*args: str) -> subprocess.CompletedProcess[str]:
+    command = Path(sys.executable).with_name("optuna")
+    return subprocess.run([str(command), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_optunas_own_cli_reads_the_study(tuned: Path) -> None:
+    studies = _optuna("studies", "--storage", f"sqlite:///{tuned}", "-f", "json")
+    assert studies.returncode == 0, studies.stderr
+    assert f"{FAST}@{PROFILE}" in [s["name"] for s in json.loads(studies.stdout)]
+    best = _optuna(
+        "best-trial",
+        "--storage",
+        f"sqlite:///{tuned}",
+        "--study-name",
+        f"{FAST}@{PROFILE}",
+        "-f",
+        "json",
+    )
+    assert best.returncode == 0, best.stderr
+    assert json.loads(best.stdout)["state"] == "COMPLETE"
+
+
+def test_no_study_is_exit_1_and_creates_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "none.db"
+    result = run_cli("tuner.best", "--hardware", "auto", "--storage", f"sqlite:///{db}")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "python -m tuner.study" in result.stderr
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--hardware", "no-such-box"], "g4dn.xlarge"),
+        (["--hardware", "auto", "--objective", "nosuchmodule:thing"], "nosuchmodule"),
+        (["--hardware", "auto", "--objective", "tests.tuner_tests.workloads:nothing"], "nothing"),
+        (["--hardware", "auto", "--objective", "missing_file.py:w"], "missing_file.py"),
+        (
+            ["--hardware", "auto", "--storage", "postgresql+psycopg://bob:s3cret@127.0.0.1:1/x"],
+            "cannot reach",
+        ),
+        (["--hardware", "auto", "--storage", "nonsense://"], "storage"),
+        (["--hardware", "auto", "--fix", "warp_speed=9"], "unknown parameter"),
+        (["--hardware", "auto", "--fix", "num_workers=lots"], "integer"),
+        (["--hardware", "auto", "--n-trials", "0"], "positive"),
+        (["--hardware", "auto", "--n-trials", "-3"], "positive"),
+        (["--hardware", "auto", "--memory-limit", "lots"], "memory limit"),
+        (["--hardware", "auto", "--effective-batch", "12", "--objective", FAST], "effective-batch"),
+        (["--hardware", "auto", "--device", "cuda"], "CUDA"),
+        (["--hardware", "g4dn.xlarge"], "does not match"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    tmp_path: Path, args: list[str], fragment: str
+) -> None:
+    db = tmp_path / "t.db"
+    full = [*args] if "--storage" in args else [*args, "--storage", f"sqlite:///{db}"]
+    result = run_cli("tuner.study", *full, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+    assert "s3cret" not in result.stderr
+    assert not db.exists()
+    assert not (tmp_path / "tuner.db").exists()
+
+
+USER_FILE = """
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from objectives import Workload
+
+
+class Squares(Dataset):
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((8,), float(index * index))
+
+
+def step(batch: torch.Tensor, device: torch.device) -> None:
+    batch.mean().item()
+
+
+def workload() -> Workload:
+    return Workload(
+        name="squares", dataset=Squares(), step=step, default_batch_size=16, batch_size_range=(8, 32)
+    )
+"""
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_user_workload_from_a_file_with_worker_processes(tmp_path: Path, context: str) -> None:
+    path = tmp_path / "my_workload.py"
+    path.write_text(textwrap.dedent(USER_FILE))
+    db = tmp_path / "t.db"
+    result = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--objective",
+        f"{path}:workload",
+        "--n-trials",
+        "3",
+        "--fix",
+        "num_workers=2",
+        "--multiprocessing-context",
+        context,
+        "--storage",
+        f"sqlite:///{db}",
+        "--remeasure-top",
+        "0",
+        *QUICK,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    study = _study(db, f"{path}:workload")
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert any(t.user_attrs["settings"]["num_workers"] == 2 for t in complete), [
+        t.user_attrs for t in study.trials
+    ]
+
+
+def test_a_raising_dataset_fails_its_trials_and_the_study_goes_on(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    objective = "tests.tuner_tests.workloads:raising"
+    result = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--objective",
+        objective,
+        "--n-trials",
+        "3",
+        "--storage",
+        f"sqlite:///{db}",
+        "--no-probe-batch",
+        *QUICK,
+    )
+    assert "Traceback" not in result.stderr
+    study = _study(db, objective)
+    assert len(study.trials) == 3
+    for trial in study.trials:
+        assert trial.state == optuna.trial.TrialState.FAIL
+        assert "corrupt file" in trial.user_attrs["error"]
+
+
+def test_effective_batch_sets_accumulation(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    result = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--objective",
+        FAST,
+        "--n-trials",
+        "4",
+        "--effective-batch",
+        "64",
+        "--storage",
+        f"sqlite:///{db}",
+        "--remeasure-top",
+        "0",
+        *QUICK,
+    )
+    assert result.returncode == 0, result.stderr
+    for trial in _study(db).trials:
+        settings = trial.user_attrs["settings"]
+        assert settings["batch"] * settings["accumulation_steps"] == 64

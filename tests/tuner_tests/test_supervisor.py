@@ -1,0 +1,354 @@
+"""The supervisor and the memory guard against real trial children and real DataLoader workers.
+
+Every trial here is a real forkserver child running a real DataLoader over the misbehaving
+workloads of :mod:`tests.tuner_tests.workloads`; the only stand-in is the GPU
+(:class:`tuner._gpu.StaticGpuReader`), because this machine has none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.tuner_tests.workloads import SHM_FILE_PREFIX
+from tuner._gpu import GpuDevice, GpuReading, NoGpuReader, StaticGpuReader
+from tuner._guard import GuardLimits, MemoryGuard, default_limits
+from tuner._memory import process_tree, shm_usage
+from tuner._outcome import TrialOutcome
+from tuner._settings import LoaderSettings
+from tuner._supervisor import Supervisor
+
+MiB = 2**20
+GiB = 2**30
+WORKLOADS = "tests.tuner_tests.workloads"
+
+
+def make_job(
+    workload: str, settings: LoaderSettings, window_s: float = 0.5, warmup_s: float = 0.2
+) -> dict[str, Any]:
+    """The job dict exactly as ``TrialRunner.job`` builds it."""
+    return {
+        "mode": "measure",
+        "objective": f"{WORKLOADS}:{workload}",
+        "options": {},
+        "settings": settings.to_attrs(),
+        "device": "cpu",
+        "window_s": window_s,
+        "warmup_s": warmup_s,
+        "seed": 0,
+        "sys_path": list(sys.path),
+    }
+
+
+def trial_children() -> list[psutil.Process]:
+    """Descendants of this process that lead their own process group: the trial children.
+
+    The forkserver (a child of this process) does not; each trial child it forks does, first
+    thing, and its DataLoader workers inherit the group.
+    """
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if os.getpgid(process.pid) == process.pid:
+                found.append(process)
+        except ProcessLookupError:
+            continue
+    return found
+
+
+class TreeWatcher:
+    """Remembers every process of every trial tree it sees, from a thread polling every 20 ms.
+
+    A thread rather than ``on_progress``: a trial the guard stops early may never report.
+    ``psutil.Process`` keeps the create time, so a reused pid is not taken for a survivor.
+    """
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
+        self.seen: dict[tuple[int, float], psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tree-watcher", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.record()
+            self._stop.wait(self.interval_s)
+
+    def record(self) -> None:
+        for child in trial_children():
+            for member in process_tree(child.pid):
+                try:
+                    self.seen.setdefault((member.pid, member.create_time()), member)
+                except psutil.NoSuchProcess:
+                    continue
+
+    def __enter__(self) -> TreeWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def survivors(self) -> list[str]:
+        """The remembered processes still in the process table (zombies included)."""
+        left = []
+        for process in self.seen.values():
+            try:
+                if process.is_running():
+                    left.append(f"{process.pid} ({process.status()})")
+            except psutil.NoSuchProcess:
+                continue
+        return left
+
+
+def run_watched(
+    supervisor: Supervisor, job: dict[str, Any], deadline_s: float = 60.0, **kwargs: Any
+) -> tuple[TrialOutcome, TreeWatcher, float]:
+    """Run one trial; return its outcome, what the watcher saw and the wall time."""
+    started = time.monotonic()
+    with TreeWatcher() as watcher:
+        outcome = supervisor.run(job, deadline_s, **kwargs)
+    return outcome, watcher, time.monotonic() - started
+
+
+def host_limited(host_bytes: int) -> GuardLimits:
+    return dataclasses.replace(default_limits(), host_bytes=host_bytes)
+
+
+# --- completing trials -------------------------------------------------------------------------
+
+
+def test_fast_workload_completes_and_leaves_no_process() -> None:
+    supervisor = Supervisor(MemoryGuard(default_limits()))
+    settings = LoaderSettings(batch=32, num_workers=2, prefetch_factor=2)
+    reports: list[float] = []
+    trees: list[dict[int, int]] = []  # pid -> parent pid, the trial child's under key 0
+
+    def on_progress(elapsed_s: float, samples_per_sec: float) -> bool:
+        reports.append(samples_per_sec)
+        for child in trial_children():
+            tree = {p.pid: p.ppid() for p in process_tree(child.pid)}
+            trees.append({**tree, 0: child.pid})
+        return False
+
+    outcome, watcher, _ = run_watched(
+        supervisor, make_job("fast", settings, window_s=1.2), on_progress=on_progress
+    )
+
+    assert outcome.state == "complete", outcome
+    assert outcome.reason is None and outcome.error is None
+    assert outcome.attrs["samples_per_sec"] > 0
+    assert outcome.attrs["peak_host_memory_bytes"] > 0
+    assert reports and all(value > 0 for value in reports)
+    # The child and its two workers were seen while measuring, and none of them is left.
+    assert trees and max(len(tree) - 1 for tree in trees) >= 3, trees
+    if multiprocessing.get_start_method() == "fork":
+        # Workers start as in the user's own process: forked by the trial child itself, not
+        # through a forkserver the child would inherit as its default start method.
+        for tree in trees:
+            child = tree.pop(0)
+            assert len(tree) == 3, tree
+            assert all(parent == child for pid, parent in tree.items() if pid != child), tree
+    assert len(watcher.seen) >= 3
+    assert watcher.survivors() == []
+    assert trial_children() == []
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        LoaderSettings(batch=8, num_workers=0),
+        LoaderSettings(batch=64, num_workers=2, prefetch_factor=4, persistent_workers=True),
+        LoaderSettings(batch=16, num_workers=1, prefetch_factor=2, torch_num_threads=2),
+    ],
+    ids=["main-process", "two-persistent-workers", "one-worker"],
+)
+def test_normal_workload_is_never_stopped_by_default_limits(settings: LoaderSettings) -> None:
+    limits = default_limits()
+    supervisor = Supervisor(MemoryGuard(limits))
+
+    outcome, watcher, _ = run_watched(supervisor, make_job("fast", settings))
+
+    assert outcome.state == "complete", outcome
+    assert outcome.reason is None
+    assert "guard_reading_bytes" not in outcome.attrs
+    assert 0 < outcome.attrs["peak_host_memory_bytes"] < limits.host_bytes
+    assert watcher.survivors() == []
+
+
+# --- the guard stops a leak --------------------------------------------------------------------
+
+
+def test_leaky_workload_is_stopped_before_the_host_limit() -> None:
+    limit = int(1.5 * GiB)
+    supervisor = Supervisor(MemoryGuard(host_limited(limit)))
+    settings = LoaderSettings(batch=16, num_workers=2, prefetch_factor=2)
+
+    outcome, watcher, _ = run_watched(supervisor, make_job("leaky", settings, window_s=20.0))
+
+    assert outcome.state == "pruned", outcome
+    assert outcome.reason == "memory_guard: host"
+    attrs = outcome.attrs
+    assert attrs["guard_limit_bytes"] == limit
+    assert attrs["guard_reading_bytes"] < limit  # stopped on its way up, not after crossing
+    assert attrs["peak_host_memory_bytes"] < limit
+    assert attrs["peak_host_memory_bytes"] >= attrs["guard_reading_bytes"] > 256 * MiB
+    assert isinstance(attrs["guard_predicted"], bool)
+    assert 0 <= attrs["kill_seconds"] < 1.0
+    assert len(watcher.seen) >= 3
+    assert watcher.survivors() == []
+
+
+def test_shm_filling_workload_is_stopped_by_the_shm_limit() -> None:
+    usage = shm_usage()
+    if usage is None:
+        pytest.skip("no /dev/shm on this machine")
+    if usage.total_bytes - usage.used_bytes < 1 * GiB:
+        pytest.skip("less than 1 GiB free in /dev/shm")
+    limits = dataclasses.replace(default_limits(), shm_bytes=usage.used_bytes + 64 * MiB)
+    supervisor = Supervisor(MemoryGuard(limits))
+    settings = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2)
+    try:
+        outcome, watcher, _ = run_watched(
+            supervisor, make_job("shm_filling", settings, window_s=20.0)
+        )
+    finally:
+        for path in glob.glob(f"/dev/shm/{SHM_FILE_PREFIX}*"):
+            os.unlink(path)
+
+    assert outcome.state == "pruned", outcome
+    assert outcome.reason == "memory_guard: shm"
+    assert outcome.attrs["guard_limit_bytes"] == limits.shm_bytes
+    assert outcome.attrs["peak_shm_bytes"] >= outcome.attrs["guard_reading_bytes"]
+    assert outcome.attrs["kill_seconds"] < 1.0
+    assert watcher.survivors() == []
+
+
+# --- trials that die, hang or fail -------------------------------------------------------------
+
+
+def test_worker_that_kills_itself_prunes_the_trial_as_worker_killed() -> None:
+    supervisor = Supervisor(MemoryGuard(default_limits()))
+    settings = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2)
+
+    outcome, watcher, _ = run_watched(supervisor, make_job("self_killing", settings))
+
+    assert outcome.state == "pruned", outcome
+    assert outcome.reason == "worker_killed"
+    assert outcome.error is not None and "DataLoader worker" in outcome.error
+    assert watcher.survivors() == []
+
+
+def test_hanging_dataset_is_killed_at_the_deadline() -> None:
+    supervisor = Supervisor(MemoryGuard(default_limits()))
+    settings = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2)
+
+    outcome, watcher, wall_s = run_watched(
+        supervisor, make_job("hanging", settings), deadline_s=5.0
+    )
+
+    assert outcome.state == "pruned", outcome
+    assert outcome.reason == "timeout"
+    assert outcome.error == "no result within 5 s"
+    assert outcome.attrs["kill_seconds"] < 1.0
+    assert 5.0 <= wall_s < 10.0
+    assert len(watcher.seen) >= 3  # the child and both workers were there to kill
+    assert watcher.survivors() == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_raising_dataset_fails_the_trial_with_its_error(workers: int) -> None:
+    supervisor = Supervisor(MemoryGuard(default_limits()))
+    settings = LoaderSettings(
+        batch=8, num_workers=workers, prefetch_factor=2 if workers else None
+    )
+
+    outcome, watcher, _ = run_watched(supervisor, make_job("raising", settings))
+
+    assert outcome.state == "failed", outcome
+    assert outcome.reason is None
+    assert outcome.error is not None and "corrupt file" in outcome.error
+    assert outcome.error.startswith("OSError:")
+    assert watcher.survivors() == []
+
+
+# --- the GPU side, through the one allowed stand-in --------------------------------------------
+
+
+def gpu_frames(used_bytes: list[int], total: int = 8 * GiB) -> list[list[GpuReading]]:
+    """One frame per sample: device 0 at each value, device 1 always nearly full."""
+    return [
+        [GpuReading(0, used, total, 50.0), GpuReading(1, total - MiB, total, 99.0)]
+        for used in used_bytes
+    ]
+
+
+def gpu_guard(frames: list[list[GpuReading]], limit: int, interval_s: float) -> MemoryGuard:
+    devices = [GpuDevice(0, "Stand-in GPU", 8 * GiB), GpuDevice(1, "Stand-in GPU", 8 * GiB)]
+    limits = default_limits(gpu_memory_limit=f"{limit}", gpu_total_bytes=8 * GiB)
+    assert limits.gpu_bytes == limit
+    reader = StaticGpuReader(devices, frames)
+    return MemoryGuard(limits, gpu=reader, gpu_index=0, interval_s=interval_s)
+
+
+def test_gpu_memory_stepping_over_the_limit_trips_a_gpu_breach() -> None:
+    limit = 1 * GiB
+    guard = gpu_guard(gpu_frames([400 * MiB] * 4 + [limit - 10 * MiB]), limit, 0.05)
+    guard.start(None)
+
+    breaches = []
+    for _ in range(5):
+        breaches.append(guard.check(guard.sample()))
+        time.sleep(0.05)
+
+    assert breaches[:4] == [None] * 4  # flat well below the limit; device 1 is not watched
+    breach = breaches[4]
+    assert breach is not None and breach.kind == "gpu" and breach.reason == "memory_guard: gpu"
+    assert (breach.reading_bytes, breach.limit_bytes, breach.predicted) == (
+        limit - 10 * MiB,
+        limit,
+        False,
+    )
+    assert guard.peaks()["peak_gpu_memory_bytes"] == limit - 10 * MiB
+
+
+def test_gpu_memory_climbing_towards_the_limit_is_stopped_before_it() -> None:
+    limit = 1 * GiB
+    climbing = [step * 50 * MiB for step in range(1, 21)]  # 50 MiB a sample, 500 MiB/s
+    guard = gpu_guard(gpu_frames(climbing), limit, 0.1)
+    guard.start(None)
+
+    breach = None
+    for _ in climbing:
+        breach = guard.check(guard.sample())
+        if breach is not None:
+            break
+        time.sleep(0.1)
+
+    assert breach is not None and breach.kind == "gpu"
+    assert breach.predicted is True
+    assert breach.reading_bytes < limit
+
+
+def test_without_a_gpu_nothing_gpu_related_trips() -> None:
+    limits = default_limits(gpu_memory_limit="1", gpu_total_bytes=8 * GiB)  # a 1-byte budget
+    for reader in (NoGpuReader("no NVIDIA device found"), None):
+        guard = MemoryGuard(limits, gpu=reader, gpu_index=0, interval_s=0.05)
+        guard.start(os.getpid())
+        for _ in range(3):
+            reading = guard.sample()
+            assert reading.gpu_bytes is None
+            assert guard.check(reading) is None
+            time.sleep(0.05)
+        assert "peak_gpu_memory_bytes" not in guard.peaks()
+        assert guard.peaks()["peak_host_memory_bytes"] > 0
