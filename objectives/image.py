@@ -351,17 +351,21 @@ def _network(model: str, num_classes: int) -> nn.Module:
         return resnet50(num_classes=num_classes)
     _check_choice("model", model, MODELS)
 
-    def block(channels_in: int, channels_out: int) -> list[nn.Module]:
+    def block(channels_in: int, channels_out: int, kernel: int, stride: int) -> list[nn.Module]:
+        padding = (kernel - 1) // 2 if kernel % 2 else 0
         return [
-            nn.Conv2d(channels_in, channels_out, 3, stride=2, padding=1, bias=False),
+            nn.Conv2d(channels_in, channels_out, kernel, stride, padding, bias=False),
             nn.BatchNorm2d(channels_out),
             nn.ReLU(inplace=True),
         ]
 
+    # Sized so that on a CPU one sample's step costs about what its decode and augmentation do
+    # (~0.25 ms each on one core at 112 px): the regime where workers matter. A 4x4/4 patch stem
+    # keeps it so; a 3x3/2 stem at 32-64-128 channels costs ~8x the decode.
     return nn.Sequential(
-        *block(3, 16),
-        *block(16, 32),
-        *block(32, 64),
+        *block(3, 16, kernel=4, stride=4),
+        *block(16, 32, kernel=3, stride=2),
+        *block(32, 64, kernel=3, stride=2),
         nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
         nn.Linear(64, num_classes),

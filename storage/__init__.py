@@ -12,6 +12,7 @@ from storage._urls import (
     default_storage_url,
     mask_password,
     mask_url,
+    sqlite_file_missing,
 )
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "mask_password",
     "mask_url",
     "open_storage",
+    "sqlite_file_missing",
     "storage_lock",
     "with_retry",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import sqlalchemy.engine
 import sqlalchemy.exc
@@ -47,3 +48,20 @@ def mask_url(url: str) -> str:
 def mask_password(text: str) -> str:
     """Mask ``scheme://user:password@`` wherever it appears in free text, such as a driver error."""
     return _PASSWORD_IN_TEXT.sub(r"\g<scheme>:***@", text)
+
+
+def sqlite_file_missing(url: str) -> bool:
+    """True for an SQLite URL whose file does not exist: reading it must not create it."""
+    if url.startswith(GRPC_SCHEME):
+        return False
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return False
+    database = parsed.database
+    return (
+        parsed.get_backend_name() == "sqlite"
+        and bool(database)
+        and database != ":memory:"
+        and not Path(database).exists()
+    )

@@ -33,7 +33,10 @@ def _admin_url() -> str:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test; dropped afterwards."""
-    admin = sqlalchemy.create_engine(_admin_url(), isolation_level="AUTOCOMMIT")
+    # No pooling: a test may restart the server, and the teardown needs a fresh connection.
+    admin = sqlalchemy.create_engine(
+        _admin_url(), isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool
+    )
     try:
         connection = admin.connect()
     except sqlalchemy.exc.OperationalError as error:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import optuna
-import sqlalchemy.engine
 from optuna.trial import FrozenTrial, TrialState
 
-from storage import default_storage_url, mask_url, open_storage
+from storage import default_storage_url, mask_url, open_storage, sqlite_file_missing
 from tuner import _hardware
 from tuner._naming import study_name
 from tuner._settings import LoaderSettings
@@ -43,15 +41,6 @@ def resolve_profile_name(hardware: str, profiles_file: str | None = None) -> str
     return _hardware.resolve_profile(hardware, catalog, fingerprint).name
 
 
-def _sqlite_file_missing(url: str) -> bool:
-    parsed = sqlalchemy.engine.make_url(url)
-    return (
-        parsed.get_backend_name() == "sqlite"
-        and bool(parsed.database)
-        and not Path(str(parsed.database)).exists()
-    )
-
-
 def find_best(
     hardware: str,
     objective: str = "image",
@@ -63,7 +52,7 @@ def find_best(
     url = storage or default_storage_url()
     name = study or study_name(objective, resolve_profile_name(hardware, profiles_file))
     create = f"python -m tuner.study --hardware {hardware} --objective {objective}"
-    if not url.startswith("grpc://") and _sqlite_file_missing(url):
+    if sqlite_file_missing(url):
         raise NoResultError(f"no study {name} in {mask_url(url)}; create it with: {create}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     opened = open_storage(url, heartbeat_interval=None)

@@ -24,6 +24,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import psutil
+
 from tuner import _gpu, _memory
 
 __all__ = ["Breach", "GuardLimits", "GuardReading", "MemoryGuard", "default_limits"]
@@ -32,6 +34,13 @@ _log = logging.getLogger("tuner.guard")
 
 APPROACH_FRACTION = 0.98
 """A reading within 2% of its limit has approached it."""
+
+PSS_EVERY_TICKS = 10
+"""Exact PSS (costly: the kernel walks every page) every tenth tick; in between, the last PSS
+plus the tree's RSS growth since, which never undercounts new private pages."""
+
+NEAR_FRACTION = 0.85
+"""An estimate this close to its limit is replaced by an exact reading before deciding."""
 
 MACHINE_RESERVE_FRACTION = 0.03
 """Whatever the budget, keep this share of the machine's memory available to everyone else."""
@@ -174,6 +183,8 @@ class MemoryGuard:
         self._swap_rates: collections.deque[float] = collections.deque(maxlen=3)
         self._cgroup_usage: int | None = None
         self._pressure: float | None = None
+        # (exact PSS, tree RSS, tree pids) at the last exact reading
+        self._pss_base: tuple[int, int, frozenset[int]] | None = None
 
     def peaks(self) -> dict[str, int]:
         """``peak_*_bytes`` user attrs for the trial so far."""
@@ -193,11 +204,33 @@ class MemoryGuard:
             return None
         return (total - previous[1]) / (at - previous[0])
 
-    def sample(self) -> GuardReading:
-        """Take one reading (the costlier ones every fifth tick) and remember it."""
+    def _tree_bytes(self, tree: list[psutil.Process]) -> int | None:
+        if not tree:
+            return None
+        rss = _memory.processes_rss_bytes(tree)
+        pids = frozenset(process.pid for process in tree)
+        if self._pss_base is not None and self._ticks % PSS_EVERY_TICKS != 1:
+            pss, base_rss, base_pids = self._pss_base
+            # A new worker's RSS counts every page it shares with its parent: re-read exactly.
+            if pids == base_pids:
+                estimate = pss + max(0, rss - base_rss)
+                projected = estimate + self._tree.rate_per_s() * self._lookahead_s
+                if projected < NEAR_FRACTION * self.limits.host_bytes:
+                    return estimate
+        exact = _memory.processes_memory_bytes(tree)
+        self._pss_base = (exact, rss, pids)
+        return exact
+
+    def sample(self, tree: list[psutil.Process] | None = None) -> GuardReading:
+        """Take one reading (the costlier ones every fifth tick) and remember it.
+
+        ``tree`` is the trial's processes when the caller has just listed them.
+        """
         at = self._clock()
         self._ticks += 1
-        tree = _memory.process_tree_memory_bytes(self._pid) if self._pid is not None else None
+        if tree is None and self._pid is not None:
+            tree = _memory.process_tree(self._pid)
+        tree_bytes = self._tree_bytes(tree or [])
         available = _memory.available_memory_bytes()
         shm = _memory.shm_usage()
         gpu = (
@@ -215,7 +248,7 @@ class MemoryGuard:
                 self._swap_rates.append(rate)
         reading = GuardReading(
             at=at,
-            tree_bytes=tree,
+            tree_bytes=tree_bytes,
             available_bytes=available,
             cgroup_usage_bytes=self._cgroup_usage,
             shm_bytes=shm.used_bytes if shm is not None else None,
@@ -223,7 +256,7 @@ class MemoryGuard:
             swap_out_rate_bytes_per_s=self._swap_rates[-1] if self._swap_rates else None,
             pressure_some_avg10=self._pressure,
         )
-        self._tree.add(at, tree)
+        self._tree.add(at, tree_bytes)
         self._shm.add(at, reading.shm_bytes)
         self._gpu_series.add(at, gpu)
         self._machine_used.add(at, self.limits.machine_total_bytes - available)

@@ -31,6 +31,7 @@ HIGH_CPU_PERCENT = 90.0
 LOW_AVAILABLE_FRACTION = 0.10
 RECOVERED_CPU_PERCENT = 60.0
 RECOVERED_AVAILABLE_FRACTION = 0.25
+MEMORY_TOLERANCE = 0.15
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,14 +64,18 @@ def read_machine() -> MachineState:
 def clamp_to_machine(
     settings: LoaderSettings, profile_vcpus: int, profile_memory_bytes: int, state: MachineState
 ) -> LoaderSettings:
-    """Fewer usable CPUs: proportionally fewer workers; less memory free: a smaller prefetch."""
+    """Fewer usable CPUs: proportionally fewer workers; less RAM: a proportionally smaller prefetch.
+
+    RAM within the profile's matching tolerance counts as the same machine; the load of the
+    moment is ``adapt``'s business, not this clamp's.
+    """
     workers = settings.num_workers
     if state.usable_cpus < profile_vcpus:
         workers = _hardware.scale_workers(workers, profile_vcpus, state.usable_cpus)
     prefetch = settings.prefetch_factor
-    if workers > 0 and prefetch is not None and state.available_memory_bytes < profile_memory_bytes:
-        share = state.available_memory_bytes / profile_memory_bytes
-        prefetch = max(1, int(prefetch * share))
+    smaller = state.total_memory_bytes < (1 - MEMORY_TOLERANCE) * profile_memory_bytes
+    if workers > 0 and prefetch is not None and smaller:
+        prefetch = max(1, int(prefetch * state.total_memory_bytes / profile_memory_bytes))
     if workers == 0:
         return dataclasses.replace(
             settings, num_workers=0, prefetch_factor=None, persistent_workers=False

@@ -296,7 +296,24 @@ def process_tree_memory_bytes(pid: int) -> int | None:
     tree = process_tree(pid)
     if not tree:
         return None
-    return sum(_process_memory_bytes(process) or 0 for process in tree)
+    return processes_memory_bytes(tree)
+
+
+def processes_memory_bytes(processes: list[psutil.Process]) -> int:
+    """Summed PSS of ``processes`` (see :func:`process_tree_memory_bytes`); costly, ~ms each."""
+    return sum(_process_memory_bytes(process) or 0 for process in processes)
+
+
+def processes_rss_bytes(processes: list[psutil.Process]) -> int:
+    """Summed RSS from /proc/PID/statm: cheap enough for every tick, but counts shared pages
+    once per sharer, so it serves to follow growth between PSS readings, not as the reading."""
+    total = 0
+    for process in processes:
+        try:
+            total += int(process.memory_info().rss)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
 
 
 def _process_memory_bytes(process: psutil.Process) -> int | None:

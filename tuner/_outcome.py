@@ -37,7 +37,8 @@ def classify_error(error: BaseException) -> str | None:
         return "cuda_oom"
     if isinstance(error, MemoryError) or "defaultcpuallocator: can't allocate memory" in lowered:
         return "host_oom"
-    if "bus error" in lowered or "no space left on device" in lowered or "/dev/shm" in lowered:
+    shared_memory = "/dev/shm" in lowered or "</torch_" in lowered or "shared memory" in lowered
+    if "bus error" in lowered or (shared_memory and "no space left on device" in lowered):
         return "shm_full"
     if "is killed by signal" in lowered or "exited unexpectedly" in lowered:
         return "worker_killed"

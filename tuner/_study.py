@@ -40,6 +40,7 @@ from tuner._space import SearchSpace, SpaceError
 from tuner._summary import print_summary
 from tuner._supervisor import Supervisor
 from tuner._trial import TrialRunner
+from tuner._warm_start import enqueue_warm_start
 
 __all__ = ["ConfigError", "StudyConfig", "prepare", "run_study"]
 
@@ -414,7 +415,10 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
     prepared.space = dataclasses.replace(prepared.space, max_batch=max_batch)
     runner = _runner(prepared, supervisor)
     with storage_lock(config.storage, prepared.study_name):
-        enqueue_baselines(study, prepared.space, prepared.fingerprint.physical_cores)
+        if enqueue_baselines(study, prepared.space, prepared.fingerprint.physical_cores):
+            sources = enqueue_warm_start(study, config.objective, prepared.profile, prepared.space)
+            if sources:
+                print(f"warm start from {', '.join(sources)}", file=out)
     study = optuna.load_study(
         study_name=prepared.study_name,
         storage=prepared.storage,

@@ -132,9 +132,10 @@ class Supervisor:
             while outcome is None:
                 now = time.monotonic()
                 if now >= next_sample:
-                    for member in process_tree(pid):
+                    tree = process_tree(pid)
+                    for member in tree:
                         known.setdefault(member.pid, member)
-                    breach = self.guard.check(self.guard.sample())
+                    breach = self.guard.check(self.guard.sample(tree))
                     next_sample = now + self.guard.interval_s
                     if breach is not None:
                         outcome = self._stop(pid, known, breach=breach)

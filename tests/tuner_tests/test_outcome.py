@@ -7,6 +7,7 @@ the error for real, cheaply, the test does that too.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import resource
@@ -26,6 +27,7 @@ CUDA_OOM = (
     "use. Of the allocated memory 13.90 GiB is allocated by PyTorch, and 312.00 MiB is reserved "
     "by PyTorch but unallocated."
 )
+KILLED = "DataLoader worker (pid 123) is killed by signal: Killed. "
 BUS_ERROR = (
     "DataLoader worker (pid 123) is killed by signal: Bus error. It is possible that "
     "dataloader's workers are out of shared memory. Please try to raise your shared memory limit."
@@ -37,7 +39,7 @@ BUS_ERROR = (
     [
         (RuntimeError("DataLoader worker (pid(s) 123) exited unexpectedly"), "worker_killed"),
         (RuntimeError("DataLoader worker (pid(s) 123, 124) exited unexpectedly"), "worker_killed"),
-        (RuntimeError("DataLoader worker (pid 123) is killed by signal: Killed. "), "worker_killed"),
+        (RuntimeError(KILLED), "worker_killed"),
         (
             RuntimeError("DataLoader worker (pid 123) is killed by signal: Segmentation fault. "),
             "worker_killed",
@@ -91,7 +93,8 @@ def test_a_real_dataloader_timeout_is_timeout() -> None:
 
 
 def test_a_real_worker_that_kills_itself_is_worker_killed() -> None:
-    loader = DataLoader(SelfKilling(size=64), batch_size=8, num_workers=1)
+    # timeout: the iterator notices the dead worker when a wait ends (else after 5 s).
+    loader = DataLoader(SelfKilling(size=64), batch_size=8, num_workers=1, timeout=0.5)
     with pytest.raises(RuntimeError) as raised:
         for _ in loader:
             pass
@@ -126,6 +129,9 @@ def test_classify_exit(exitcode: int | None, reason: str) -> None:
 
 
 def _die_by(signum: int) -> None:
+    faulthandler.disable()  # pytest's, inherited through fork: no traceback for SIGBUS
+    if signum != signal.SIGKILL:
+        signal.signal(signum, signal.SIG_DFL)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file from SIGBUS
     os.kill(os.getpid(), signum)
     time.sleep(10)

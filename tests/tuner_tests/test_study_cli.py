@@ -250,7 +250,8 @@ def step(batch: torch.Tensor, device: torch.device) -> None:
 
 def workload() -> Workload:
     return Workload(
-        name="squares", dataset=Squares(), step=step, default_batch_size=16, batch_size_range=(8, 32)
+        name="squares", dataset=Squares(), step=step, default_batch_size=16,
+        batch_size_range=(8, 32),
     )
 """
 

@@ -269,9 +269,7 @@ def test_hanging_dataset_is_killed_at_the_deadline() -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_raising_dataset_fails_the_trial_with_its_error(workers: int) -> None:
     supervisor = Supervisor(MemoryGuard(default_limits()))
-    settings = LoaderSettings(
-        batch=8, num_workers=workers, prefetch_factor=2 if workers else None
-    )
+    settings = LoaderSettings(batch=8, num_workers=workers, prefetch_factor=2 if workers else None)
 
     outcome, watcher, _ = run_watched(supervisor, make_job("raising", settings))
 

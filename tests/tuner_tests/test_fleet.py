@@ -1,0 +1,219 @@
+"""Many workers, one study, on the real PostgreSQL server: exact totals, baselines once, a killed
+worker's trial retried, a database restart ridden out, passwords never shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import ROOT, run_cli
+from tuner._hardware import auto_profile_name, detect_fingerprint
+
+FAST = "tests.tuner_tests.workloads:fast"
+STUDY = f"{FAST}@{auto_profile_name(detect_fingerprint())}"
+QUICK = [
+    "--trial-seconds",
+    "0.5",
+    "--warmup-seconds",
+    "0.1",
+    "--no-progress",
+    "--remeasure-top",
+    "0",
+]
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+pytestmark = pytest.mark.postgres
+
+
+def _worker(url: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuner.study",
+            "--hardware",
+            "auto",
+            "--objective",
+            FAST,
+            "--storage",
+            url,
+            *QUICK,
+            *extra,
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _trials(url: str) -> list[optuna.trial.FrozenTrial]:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=STUDY, storage=url).trials
+
+
+def _wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():  # type: ignore[operator]
+                return
+        except KeyError:
+            pass  # the study does not exist yet
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_three_workers_finish_exactly_the_total_with_baselines_once(postgres_url: str) -> None:
+    workers = [_worker(postgres_url, "--total-trials", "9", "--n-trials", "50") for _ in range(3)]
+    outputs = [worker.communicate(timeout=600) for worker in workers]
+    for worker, (_, stderr) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, stderr
+    trials = _trials(postgres_url)
+    assert sum(t.state in FINISHED for t in trials) == 9
+    assert sorted(
+        t.user_attrs.get("baseline", "") for t in trials if "baseline" in t.user_attrs
+    ) == [
+        "pytorch-default",
+        "rule-of-thumb",
+    ]
+    best = run_cli(
+        "tuner.best",
+        "--hardware",
+        "auto",
+        "--objective",
+        FAST,
+        "--storage",
+        postgres_url,
+        "--format",
+        "json",
+    )
+    assert best.returncode == 0, best.stderr
+    assert "num_workers" in json.loads(best.stdout)
+
+
+def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(postgres_url: str) -> None:
+    fleet = [
+        "--heartbeat-interval",
+        "1",
+        "--grace-period",
+        "3",
+        "--total-trials",
+        "6",
+        "--n-trials",
+        "50",
+    ]
+    first = _worker(postgres_url, *fleet, "--trial-seconds", "4")
+    try:
+        _wait_for(
+            lambda: any(
+                t.state == TrialState.RUNNING and t.number >= 2 for t in _trials(postgres_url)
+            ),
+            240,
+            "a running trial",
+        )
+        running = next(t for t in _trials(postgres_url) if t.state == TrialState.RUNNING)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.communicate()
+    second = _worker(postgres_url, *fleet)
+    _, stderr = second.communicate(timeout=600)
+    assert second.returncode == 0, stderr
+    trials = _trials(postgres_url)
+    assert trials[running.number].state == TrialState.FAIL
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == running.number]
+    assert retries and retries[-1].state == TrialState.COMPLETE
+    assert retries[-1].params == running.params
+    assert sum(t.state in FINISHED for t in trials) == 6
+
+
+@pytest.mark.skipif(
+    shutil.which("pg_ctlcluster") is None, reason="needs the local PostgreSQL cluster tools"
+)
+def test_a_database_restart_mid_study_loses_nothing(postgres_url: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    worker = _worker(
+        postgres_url, "--total-trials", "10", "--n-trials", "50", "--trial-seconds", "1"
+    )
+    try:
+        _wait_for(
+            lambda: sum(t.state in FINISHED for t in _trials(postgres_url)) >= 3,
+            240,
+            "three trials",
+        )
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "stop"], check=True
+        )
+        time.sleep(4)  # a trial finishes while the database is down
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"], check=True
+        )
+        _, stderr = worker.communicate(timeout=600)
+    finally:
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
+            check=False,
+            capture_output=True,
+        )
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, stderr
+    assert "database unreachable" in stderr
+    trials = _trials(postgres_url)
+    assert sum(t.state in FINISHED for t in trials) == 10
+    assert [t.number for t in trials] == list(range(len(trials)))
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.FAIL)]
+
+
+def test_passwords_never_appear(postgres_url: str) -> None:
+    secret = "s3cret-pw-123"
+    # The server trusts local connections, so any password is accepted: the point is that
+    # whatever is in the URL never leaves this process.
+    url = postgres_url.replace("postgres@", f"postgres:{secret}@")
+    result = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--objective",
+        FAST,
+        "--storage",
+        url,
+        "--n-trials",
+        "2",
+        *QUICK,
+    )
+    assert result.returncode == 0, result.stderr
+    assert secret not in result.stdout + result.stderr
+    assert "***" in result.stderr
+    study = optuna.load_study(study_name=STUDY, storage=postgres_url)
+    dumped = json.dumps(
+        [
+            study.user_attrs,
+            [t.user_attrs for t in study.trials],
+            [t.system_attrs for t in study.trials],
+        ]
+    )
+    assert secret not in dumped
+    bad = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--storage",
+        url.rsplit("/", 1)[0] + "/no_such_db",
+        *QUICK,
+    )
+    assert bad.returncode == 2 and secret not in bad.stderr and "***" in bad.stderr
+    assert secret not in run_cli("tuner.profiles", "list", "--storage", url).stdout

@@ -1,0 +1,117 @@
+"""``python -m tuner.study`` end to end, as a user runs it: the guard's verdicts in the study.
+
+Each test runs the CLI as a subprocess on a real SQLite file and reads the study back with
+Optuna, so what is checked is what ``tuner.best`` and the dashboard will see.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from tests.conftest import run_cli
+from tuner._settings import LoaderSettings
+
+pytestmark = pytest.mark.slow
+
+GiB = 2**30
+
+
+def load_trials(db: Path) -> list[FrozenTrial]:
+    """The trials of the one study in ``db``."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{db}")
+    return study.get_trials(deepcopy=False)
+
+
+def study_cli(db: Path, objective: str, *flags: str, cwd: Path) -> None:
+    result = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--objective",
+        objective,
+        "--storage",
+        f"sqlite:///{db}",
+        "--no-progress",
+        "--remeasure-top",
+        "0",
+        *flags,
+        cwd=cwd,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_leaky_study_records_guard_prunes_and_the_memory_wall(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    study_cli(
+        db,
+        "tests.tuner_tests.workloads:leaky",
+        "--n-trials",
+        "3",
+        "--trial-seconds",
+        "20",
+        "--memory-limit",
+        "1.5GiB",
+        "--no-probe-batch",
+        cwd=tmp_path,
+    )
+
+    trials = load_trials(db)
+    assert len(trials) == 3
+    assert all(trial.state == TrialState.PRUNED for trial in trials)
+    guarded = [t for t in trials if t.user_attrs["pruned_reason"] == "memory_guard: host"]
+    walled = [t for t in trials if t.user_attrs["pruned_reason"] == "memory_wall"]
+    assert guarded and walled and len(guarded) + len(walled) == 3
+    # The baselines run first and are never skipped by the wall: both meet the guard.
+    assert {t.user_attrs.get("baseline") for t in guarded} >= {"pytorch-default", "rule-of-thumb"}
+    for trial in guarded:
+        attrs = trial.user_attrs
+        assert attrs["guard_limit_bytes"] == 1.5 * GiB
+        assert attrs["guard_reading_bytes"] < 1.5 * GiB
+        assert 0 < attrs["peak_host_memory_bytes"] < 1.5 * GiB
+        assert attrs["kill_seconds"] < 1.0
+        assert trial.constraints == {"memory": 1.0}
+    by_number = {trial.number: trial for trial in trials}
+    for trial in walled:
+        wall = by_number[trial.user_attrs["dominated_by"]]
+        assert wall.number < trial.number
+        assert wall.user_attrs["pruned_reason"] == "memory_guard: host"
+        settings = LoaderSettings.from_attrs(trial.user_attrs["settings"])
+        assert settings.dominates(LoaderSettings.from_attrs(wall.user_attrs["settings"]))
+        assert trial.constraints == {"memory": 1.0}
+        assert "peak_host_memory_bytes" not in trial.user_attrs  # skipped, never run
+
+
+def test_fast_study_is_never_stopped_by_the_guard(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    study_cli(
+        db,
+        "tests.tuner_tests.workloads:fast",
+        "--n-trials",
+        "5",
+        "--trial-seconds",
+        "0.5",
+        "--warmup-seconds",
+        "0.2",
+        "--seed",
+        "1",
+        cwd=tmp_path,
+    )
+
+    trials = load_trials(db)
+    assert len(trials) == 5
+    for trial in trials:
+        attrs = trial.user_attrs
+        assert trial.state == TrialState.COMPLETE, attrs
+        assert "pruned_reason" not in attrs and "guard_reading_bytes" not in attrs
+        assert attrs["peak_host_memory_bytes"] > 0
+        assert trial.value == attrs["samples_per_sec"] > 0
+        assert LoaderSettings.from_attrs(attrs["settings"]).batch in (8, 16, 32, 64)
+        assert trial.constraints == {"memory": 0.0}
+    # The mix: the main-process baseline and settings with workers both ran.
+    assert {LoaderSettings.from_attrs(t.user_attrs["settings"]).num_workers for t in trials} > {0}

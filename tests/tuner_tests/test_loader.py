@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tuner
+from tests.conftest import run_cli
+from tuner._hardware import auto_profile_name, detect_fingerprint
+from tuner._loader import AdaptiveLoader, MachineState, clamp_to_machine
+from tuner._settings import LoaderSettings
+
+GIB = 2**30
+OPTIMUM = LoaderSettings(batch=64, num_workers=8, prefetch_factor=4, persistent_workers=True)
+
+
+def _state(
+    cpus: int = 8, cpu_percent: float = 10.0, available_gib: float = 30.0, total_gib: float = 32.0
+) -> MachineState:
+    return MachineState(cpus, cpu_percent, int(available_gib * GIB), int(total_gib * GIB))
+
+
+def test_clamping_to_fewer_cpus_and_less_memory() -> None:
+    assert clamp_to_machine(OPTIMUM, 8, 32 * GIB, _state()) == OPTIMUM
+    fewer = clamp_to_machine(OPTIMUM, 8, 32 * GIB, _state(cpus=4))
+    assert fewer.num_workers == 4 and fewer.prefetch_factor == 4
+    tight = clamp_to_machine(OPTIMUM, 8, 32 * GIB, _state(available_gib=6, total_gib=8))
+    assert tight.num_workers == 8 and tight.prefetch_factor == 1
+    assert clamp_to_machine(OPTIMUM, 8, 32 * GIB, _state(available_gib=2)) == OPTIMUM
+    none = clamp_to_machine(
+        LoaderSettings(batch=8, num_workers=1, prefetch_factor=2), 8, 32 * GIB, _state(cpus=1)
+    )
+    assert (
+        none.num_workers == 0 and none.prefetch_factor is None and none.persistent_workers is False
+    )
+
+
+def test_adapt_steps_down_under_pressure_and_back_up(caplog: pytest.LogCaptureFixture) -> None:
+    states = iter(
+        [
+            _state(cpu_percent=99),
+            _state(cpu_percent=99),
+            _state(available_gib=1),
+            _state(),
+            _state(),
+            _state(),
+            _state(),
+        ]
+    )
+    dataset = TensorDataset(torch.arange(32.0))
+    optimum = LoaderSettings(batch=8, num_workers=2, prefetch_factor=4, persistent_workers=True)
+    adaptive = AdaptiveLoader(dataset, optimum, "batch_size", {}, read=lambda: next(states))
+    with caplog.at_level(logging.WARNING, logger="tuner.loader"):
+        seen = []
+        for _ in range(8):
+            assert sum(len(b[0]) for b in adaptive) == 32  # a whole epoch, whatever the setting
+            seen.append((adaptive.current.num_workers, adaptive.current.prefetch_factor))
+    assert seen[:4] == [(2, 4), (2, 3), (2, 2), (2, 1)]
+    assert seen[4:7] == [(2, 2), (2, 3), (2, 4)]
+    assert len(caplog.records) >= 6
+
+
+def test_loader_falls_back_to_the_rule_of_thumb(tmp_path: Path) -> None:
+    dataset = TensorDataset(torch.arange(16.0))
+    with pytest.warns(UserWarning, match="rule of thumb"):
+        loader = tuner.loader(dataset, storage=f"sqlite:///{tmp_path / 'none.db'}", batch_size=4)
+    assert isinstance(loader, DataLoader) and loader.batch_size == 4
+    assert loader.num_workers >= 1
+
+
+def test_loader_uses_the_stored_best(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    objective = "tests.tuner_tests.workloads:fast"
+    result = run_cli(
+        "tuner.study",
+        "--hardware",
+        "auto",
+        "--objective",
+        objective,
+        "--n-trials",
+        "3",
+        "--trial-seconds",
+        "0.3",
+        "--warmup-seconds",
+        "0.1",
+        "--no-progress",
+        "--remeasure-top",
+        "0",
+        "--storage",
+        f"sqlite:///{db}",
+    )
+    assert result.returncode == 0, result.stderr
+    best = json.loads(
+        run_cli(
+            "tuner.best",
+            "--hardware",
+            "auto",
+            "--objective",
+            objective,
+            "--storage",
+            f"sqlite:///{db}",
+            "--format",
+            "json",
+        ).stdout
+    )
+    loader = tuner.loader(
+        TensorDataset(torch.arange(64.0)), objective=objective, storage=f"sqlite:///{db}"
+    )
+    assert isinstance(loader, DataLoader)
+    assert loader.batch_size == best["batch_size"]
+    assert loader.num_workers == best["num_workers"]
+    assert auto_profile_name(detect_fingerprint()) in result.stderr

@@ -1,0 +1,104 @@
+"""``python -m tuner.dashboard``: optuna-dashboard on the tuner's storage, with its artifacts.
+
+    python -m tuner.dashboard                      # sqlite:///tuner.db on 127.0.0.1:8080
+    python -m tuner.dashboard --storage postgresql+psycopg://... --port 8081
+
+It serves the same storage the studies write (``--storage``, else ``$TUNER_STORAGE``, else
+``sqlite:///tuner.db``) with the same artifact store (``tuner-artifacts/`` beside an SQLite file,
+or ``--artifact-dir``), so each trial's ``telemetry.csv`` and ``steps.csv`` open in its trial
+view. It binds to 127.0.0.1 unless told otherwise: the dashboard can delete studies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socketserver
+import sys
+import wsgiref.simple_server
+from collections.abc import Sequence
+
+from storage import mask_url, open_storage, sqlite_file_missing
+from tuner._artifacts import open_artifact_store
+from tuner._cli import ArgumentParser, UsageError, run_cli, storage_url
+
+__all__ = ["main", "parser"]
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, wsgiref.simple_server.WSGIServer):
+    """Concurrent requests, as the optuna-dashboard CLI serves them; threads die with us."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    """No line per request: the dashboard polls every few seconds."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(
+        prog="python -m tuner.dashboard",
+        description="Serve optuna-dashboard on the tuner's storage and artifact store.",
+    )
+    p.add_argument(
+        "--storage",
+        default=None,
+        help="database URL (default: $TUNER_STORAGE, else sqlite:///tuner.db)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument(
+        "--artifact-dir",
+        default=None,
+        help="the trials' artifact store (default: tuner-artifacts/ beside an SQLite file)",
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1..65535, got {args.port}")
+    url = storage_url(args.storage)
+    if sqlite_file_missing(url):
+        from tuner._best import NoResultError
+
+        raise NoResultError(
+            f"no database at {mask_url(url)}; create a study first: "
+            "python -m tuner.study --hardware auto"
+        )
+    storage = open_storage(url, heartbeat_interval=None)
+    try:
+        store = open_artifact_store(url, args.artifact_dir)
+    except OSError as error:
+        raise UsageError(f"--artifact-dir: {error.strerror or error}") from None
+
+    from optuna_dashboard import wsgi
+
+    app = wsgi(storage, artifact_store=store)
+    try:
+        # Bind before announcing, so a taken port is one line and exit code 2.
+        server = wsgiref.simple_server.make_server(
+            args.host, args.port, app, server_class=_ThreadingServer, handler_class=_QuietHandler
+        )
+    except OSError as error:
+        raise UsageError(
+            f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
+        ) from None
+    host, port = server.server_address[:2]
+    print(
+        f"optuna-dashboard for {mask_url(url)} on http://{host}:{port}/ (Ctrl-C to stop)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli("tuner.dashboard", main)
