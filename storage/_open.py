@@ -13,6 +13,7 @@ Optuna's contract (``optuna.storages.RDBStorage``); what this module adds:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import optuna
@@ -91,14 +92,19 @@ def open_storage(
     _parse(url)
     heartbeat: dict[str, Any] = {}
     if heartbeat_interval is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
         heartbeat = {
             "heartbeat_interval": heartbeat_interval,
             "grace_period": grace_period,
-            "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
+            "heartbeat_stale_trial_callback": retry,
         }
 
     def create() -> RDBStorage:
-        with storage_lock(url):
+        with storage_lock(url), warnings.catch_warnings():
+            # Heartbeats are experimental in Optuna 5; we rely on them knowingly.
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return RDBStorage(url, engine_kwargs=engine_options(url), **heartbeat)
 
     try:

@@ -74,3 +74,26 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+MYSQL_URL = os.environ.get("TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+
+
+@pytest.fixture
+def mysql_url() -> Iterator[str]:
+    """A fresh MariaDB/MySQL database (the server this project's machines run), if reachable."""
+    pytest.importorskip("pymysql")
+    admin = sqlalchemy.create_engine(MYSQL_URL, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        connection = admin.connect()
+    except sqlalchemy.exc.OperationalError:
+        pytest.skip("no MySQL/MariaDB server reachable")
+    name = f"tuner_test_{uuid.uuid4().hex[:12]}"
+    with connection:
+        connection.execute(sqlalchemy.text(f"CREATE DATABASE `{name}`"))
+    try:
+        yield admin.url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS `{name}`"))
+        admin.dispose()

@@ -10,6 +10,7 @@ under pressure and back up towards the optimum when the pressure is gone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 import psutil
 from torch.utils.data import DataLoader, Dataset
 
-from tuner import _hardware, _memory
+from tuner import _gpu, _hardware, _memory
 from tuner._baselines import rule_of_thumb_workers
 from tuner._best import NoResultError, find_best
 from tuner._settings import LoaderSettings
@@ -42,14 +43,29 @@ class MachineState:
     cpu_percent: float
     available_memory_bytes: int
     total_memory_bytes: int
+    gpu_free_fraction: float | None = None
 
     @property
     def available_fraction(self) -> float:
-        return (
-            self.available_memory_bytes / self.total_memory_bytes
-            if self.total_memory_bytes
-            else 1.0
-        )
+        """The tightest of host memory and (where present) GPU memory still free."""
+        host = 1.0
+        if self.total_memory_bytes:
+            host = self.available_memory_bytes / self.total_memory_bytes
+        return host if self.gpu_free_fraction is None else min(host, self.gpu_free_fraction)
+
+
+@functools.cache
+def _gpu_reader() -> _gpu.GpuReader:
+    return _gpu.open_gpu_reader(_log)
+
+
+def _gpu_free_fraction() -> float | None:
+    fractions = [
+        1 - reading.memory_used_bytes / reading.memory_total_bytes
+        for reading in _gpu_reader().read()
+        if reading.memory_total_bytes
+    ]
+    return min(fractions) if fractions else None
 
 
 def read_machine() -> MachineState:
@@ -58,6 +74,7 @@ def read_machine() -> MachineState:
         cpu_percent=psutil.cpu_percent(interval=0.1),
         available_memory_bytes=_memory.available_memory_bytes(),
         total_memory_bytes=_memory.total_memory_bytes(),
+        gpu_free_fraction=_gpu_free_fraction(),
     )
 
 

@@ -405,9 +405,12 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
         f"in {mask_url(config.storage)} (device {prepared.device})",
         file=out,
     )
+    gpu = open_gpu_reader(_log)
+    if not gpu.available:
+        print(f"GPU memory guard off ({getattr(gpu, 'reason', 'no GPU')})", file=out)
     guard = MemoryGuard(
         prepared.limits,
-        gpu=open_gpu_reader(_log) if prepared.space.cuda else None,
+        gpu=gpu if prepared.space.cuda else None,
         gpu_index=0 if prepared.space.cuda else None,
     )
     supervisor = Supervisor(guard)

@@ -82,11 +82,11 @@ def _assert_serialised(log: Path) -> None:
     assert events == ["in", "out"] * (len(events) // 2), events
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize("backend", ["sqlite", "postgres", "mysql"])
 def test_storage_lock_serialises_processes(
     backend: str, sqlite_url: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    url = sqlite_url if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    url = sqlite_url if backend == "sqlite" else request.getfixturevalue(f"{backend}_url")
     log = tmp_path / "log"
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=_hold, args=(url, "k", 0.3, str(log))) for _ in range(3)]
@@ -119,3 +119,10 @@ def test_with_retry_does_not_hide_other_errors() -> None:
 
     with pytest.raises(sqlalchemy.exc.IntegrityError):
         with_retry(broken, "testing", retry_seconds=30, sleep=lambda s: None)
+
+
+def test_mysql_storage_opens_with_fleet_options(mysql_url: str) -> None:
+    storage = open_storage(mysql_url)
+    study = optuna.create_study(storage=storage, study_name="m")
+    study.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=2)
+    assert len(optuna.load_study(study_name="m", storage=mysql_url).trials) == 2

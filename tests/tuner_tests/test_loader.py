@@ -114,3 +114,9 @@ def test_loader_uses_the_stored_best(tmp_path: Path) -> None:
     assert loader.batch_size == best["batch_size"]
     assert loader.num_workers == best["num_workers"]
     assert auto_profile_name(detect_fingerprint()) in result.stderr
+
+
+def test_gpu_memory_counts_as_pressure() -> None:
+    assert _state().available_fraction > 0.9
+    gpu_full = MachineState(8, 10.0, 30 * GIB, 32 * GIB, gpu_free_fraction=0.05)
+    assert gpu_full.available_fraction == 0.05
