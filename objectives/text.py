@@ -36,7 +36,7 @@ _MODEL_DIM = 128
 
 
 def text_workload(
-    sequences: int = 4096, vocab_size: int = 8192, max_length: int = 512, seed: int = 0
+    sequences: int = 4096, vocab_size: int = 2048, max_length: int = 512, seed: int = 0
 ) -> Workload:
     """Language modelling on ``sequences`` random token sequences with long-tailed lengths."""
     dataset = TokenSequenceDataset.generated(sequences, vocab_size, max_length, seed)

@@ -74,10 +74,12 @@ def upload_trial_csv(
     name: str,
     text: str,
 ) -> str:
-    """Attach ``text`` to a trial (a Trial, a FrozenTrial or a trial id) as ``name``; its id.
+    """Attach ``text`` to a running trial (a Trial, a FrozenTrial or a trial id) as ``name``.
 
-    Works on finished trials too (artifacts are system attrs). The database write is retried
-    through a restart; a retry after a lost reply leaves one unreferenced file in the store.
+    Returns the artifact id. The trial must not be finished yet: the artifact's meta is a trial
+    system attr, which Optuna refuses on a finished trial, so upload before ``study.tell``. The
+    database write is retried through a restart; a retry after a lost reply leaves one
+    unreferenced file in the store.
     """
     frozen = _frozen(study, trial)
     with tempfile.TemporaryDirectory(prefix="tuner-artifact-") as scratch:

@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 import plotly.graph_objects as go
 import plotly.offline
-from optuna.artifacts._protocol import ArtifactStore
+from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
@@ -45,7 +45,7 @@ p.missing { color: #777; font-style: italic; }
 
 
 def trial_timeline(
-    study: optuna.Study, trial: FrozenTrial, store: ArtifactStore | None
+    study: optuna.Study, trial: FrozenTrial, store: FileSystemArtifactStore | None
 ) -> list[list[float]] | None:
     """A trial's ``[t_s, steps, data_wait_s, step_s]`` rows: its ``steps.csv``, else its attr."""
     if store is not None:
@@ -225,7 +225,7 @@ def _comparison_table(
         "samples/s",
         "re-measured",
         "efficiency",
-        "best is",
+        "speedup of best",
         "data wait",
         "num_workers",
         batch_param,
@@ -278,7 +278,7 @@ def _section(title: str, figure: go.Figure | None, div_id: str, missing: str) ->
     return f"<h2>{html.escape(title)}</h2>\n{body}"
 
 
-def build_report(study: optuna.Study, store: ArtifactStore | None = None) -> str:
+def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = None) -> str:
     """The whole report as one HTML document; the caller has checked a trial completed."""
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE and "settings" in t.user_attrs]

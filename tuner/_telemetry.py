@@ -156,8 +156,9 @@ class TelemetrySampler:
 
     def _cpu(self) -> tuple[float | None, float | None, tuple[float, ...]]:
         times = psutil.cpu_times(percpu=True)
-        previous, self._previous_times = self._previous_times, times
+        previous = self._previous_times
         if previous is None or len(previous) != len(times):
+            self._previous_times = times
             return None, None, ()
         indices = self._cores if self._cores is not None else range(len(times))
         busy, iowait = [], []
@@ -166,9 +167,11 @@ class TelemetrySampler:
                 continue
             shares = _busy_and_iowait(previous[index], times[index])
             if shares is None:
-                return None, None, ()  # too soon after the last call for a tick to pass
+                # Too soon for a clock tick: keep the old counters, the next call spans both.
+                return None, None, ()
             busy.append(shares[0])
             iowait.append(shares[1])
+        self._previous_times = times
         if not busy:
             return None, None, ()
         return sum(busy) / len(busy), sum(iowait) / len(iowait), tuple(busy)

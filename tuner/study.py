@@ -24,7 +24,10 @@ def parser() -> argparse.ArgumentParser:
     add_common(p)
     run = p.add_argument_group("run")
     run.add_argument(
-        "--n-trials", type=int, default=20, help="trials for this process (default 20)"
+        "--n-trials",
+        type=int,
+        default=None,
+        help="trials for this process (default 20; unbounded with --total-trials)",
     )
     run.add_argument(
         "--total-trials",
@@ -153,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         objective_options=_objective_options(args),
         storage=storage_url(args.storage),
         study_name=args.study_name,
-        n_trials=args.n_trials,
+        n_trials=args.n_trials if args.n_trials is not None or args.total_trials else 20,
         total_trials=args.total_trials,
         timeout=args.timeout,
         device=args.device,

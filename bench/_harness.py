@@ -1,0 +1,331 @@
+"""What the benchmarks share: the workloads and their grids, one yardstick, timed studies.
+
+The yardstick (:class:`Harness`) measures a :class:`~tuner._settings.LoaderSettings` exactly as a
+trial does: :class:`~tuner._trial.TrialRunner` → :class:`~tuner._supervisor.Supervisor` → a
+forkserver child → :func:`tuner._measure.measure`, with the study's window and warm-up. So a grid
+point, the tuner's pick and a peer's pick are compared by one measurement, not by each tool's
+own numbers. :meth:`Harness.side_by_side` runs interleaved rounds (A B C, B C A, ...): drift in
+the machine's speed (other work on a shared box) then hits every setting alike, and the median
+of the rounds drops the odd disturbed window.
+
+:func:`run_timed_study` runs the real tuner (:func:`tuner._study.run_study`) and times it with
+``time.monotonic``. It also times the study's two phases that are not trials, the batch probe
+and the final re-measurement, by wrapping ``tuner._study._probe`` and ``tuner._study._remeasure``
+for the duration of the call; the wrappers only read the clock, so the study runs as it would
+from the command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import itertools
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+import tuner._study as study_module
+from tuner._baselines import baseline_settings
+from tuner._gpu import open_gpu_reader
+from tuner._guard import MemoryGuard
+from tuner._hardware import cpu_model_name
+from tuner._settings import LoaderSettings
+from tuner._space import MAX_PREFETCH_FACTOR, SearchSpace
+from tuner._study import PreparedStudy, StudyConfig, StudyResult, prepare, run_study
+from tuner._supervisor import Supervisor
+from tuner._trial import TrialRunner
+
+__all__ = [
+    "WORKLOADS",
+    "BenchWorkload",
+    "Harness",
+    "TimedStudy",
+    "describe",
+    "machine_summary",
+    "markdown_table",
+    "output_dir",
+    "prepare_workload",
+    "run_timed_study",
+    "settings_key",
+    "space_size",
+]
+
+_log = logging.getLogger("bench")
+
+DEFAULT_WINDOW_S = 1.5
+DEFAULT_WARMUP_S = 0.5
+
+
+def _image_grid(space: SearchSpace) -> list[LoaderSettings]:
+    """Workers 0..3, batch 16..128, prefetch {2, 4}, persistent, threads {1, 2}, both collates."""
+    grid = []
+    for workers, batch, threads, collate in itertools.product(
+        range(4), (16, 32, 64, 128), (1, 2), ("float", "uint8")
+    ):
+        for prefetch in (2, 4) if workers else (None,):
+            grid.append(
+                space.settings(
+                    workers, batch, prefetch, workers > 0, False, threads, {"collate": collate}
+                )
+            )
+    return grid
+
+
+def _text_grid(space: SearchSpace) -> list[LoaderSettings]:
+    """Workers 0..3, max_tokens 2048..16384, prefetch 2, persistent, threads {1, 2}."""
+    grid = []
+    for workers, max_tokens, threads in itertools.product(
+        range(4), (2048, 4096, 8192, 16384), (1, 2)
+    ):
+        prefetch = 2 if workers else None
+        grid.append(space.settings(workers, max_tokens, prefetch, workers > 0, False, threads, {}))
+    return grid
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchWorkload:
+    """A built-in workload at a size where one measurement takes a few seconds on a small box."""
+
+    name: str
+    objective: str
+    options: Mapping[str, Any]
+    grid: Callable[[SearchSpace], list[LoaderSettings]]
+    typical: Callable[[SearchSpace], LoaderSettings]
+    """A sensible hand-picked setting, for benchmarks that need one fixed setting."""
+
+
+WORKLOADS: dict[str, BenchWorkload] = {
+    "image": BenchWorkload(
+        name="image",
+        objective="image",
+        options={"images": 512, "resolution": 96},
+        grid=_image_grid,
+        typical=lambda space: space.settings(2, 64, 2, True, False, 1, {"collate": "uint8"}),
+    ),
+    "text": BenchWorkload(
+        name="text",
+        objective="text",
+        # A 1024-token vocabulary and 256-token sequences keep one step near a tenth of a second
+        # on one core; the default sizes make a 1.5 s window hold a handful of steps.
+        options={"sequences": 2048, "vocab_size": 1024, "max_length": 256},
+        grid=_text_grid,
+        typical=lambda space: space.settings(1, 4096, 2, True, False, 1, {}),
+    ),
+}
+
+
+def output_dir(requested: str | None, prefix: str) -> Path:
+    """``--out`` when given (created), else a fresh temporary folder; printed by the caller."""
+    if requested:
+        path = Path(requested)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    return Path(tempfile.mkdtemp(prefix=f"bench-{prefix}-"))
+
+
+def study_config(
+    workload: BenchWorkload, storage: str, window_s: float, warmup_s: float, **overrides: Any
+) -> StudyConfig:
+    """The study as ``python -m tuner.study --hardware auto`` would run it, progress off."""
+    return StudyConfig(
+        hardware="auto",
+        objective=workload.objective,
+        objective_options=dict(workload.options),
+        storage=storage,
+        trial_seconds=window_s,
+        warmup_seconds=warmup_s,
+        progress=False,
+        **overrides,
+    )
+
+
+def prepare_workload(
+    workload: BenchWorkload, storage: str, window_s: float, warmup_s: float
+) -> PreparedStudy:
+    """The validated study for ``workload``: its search space, device, limits (writes nothing)."""
+    return prepare(study_config(workload, storage, window_s, warmup_s))
+
+
+def settings_key(settings: LoaderSettings) -> str:
+    """A hashable identity for a setting (its ``knobs`` dict makes the dataclass unhashable)."""
+    return json.dumps(settings.to_attrs(), sort_keys=True)
+
+
+def describe(settings: LoaderSettings, batch_param: str = "batch_size") -> str:
+    """A short label, e.g. ``w2 b64 pf4 persist t1 uint8``."""
+    batch = "tok" if batch_param != "batch_size" else "b"
+    parts = [f"w{settings.num_workers}", f"{batch}{settings.batch}"]
+    if settings.num_workers:
+        parts.append(f"pf{settings.prefetch_factor}")
+        if settings.persistent_workers:
+            parts.append("persist")
+    if settings.pin_memory:
+        parts.append("pin")
+    parts.append(f"t{settings.torch_num_threads}")
+    parts += [str(value) for value in settings.knobs.values()]
+    return " ".join(parts)
+
+
+def space_size(space: SearchSpace) -> int:
+    """How many distinct settings the tuner's own search space holds (fixed values aside)."""
+    knobs = 1
+    for choices in space.workload.knobs.values():
+        knobs *= len(choices)
+    batches = len(space.batch_choices())
+    per_worker_count = MAX_PREFETCH_FACTOR * 2  # prefetch 1..8, persistent or not
+    pin = 2 if space.cuda else 1
+    with_workers = space.max_workers * per_worker_count
+    return (1 + with_workers) * batches * pin * space.max_threads * knobs
+
+
+class Harness:
+    """The independent yardstick: one setting measured as a trial measures it, in a child."""
+
+    def __init__(self, prepared: PreparedStudy) -> None:
+        cuda = prepared.space.cuda
+        guard = MemoryGuard(
+            prepared.limits,
+            gpu=open_gpu_reader(_log) if cuda else None,
+            gpu_index=0 if cuda else None,
+        )
+        self.prepared = prepared
+        self.runner: TrialRunner = study_module._runner(prepared, Supervisor(guard))
+
+    @property
+    def window_s(self) -> float:
+        return self.runner.window_s
+
+    def measure(self, settings: LoaderSettings) -> float | None:
+        """samples/s of one window, or None when the trial did not complete."""
+        outcome = self.runner.measure(settings)
+        if outcome.state != "complete":
+            _log.warning("%s: %s %s", describe(settings), outcome.state, outcome.reason or "")
+            return None
+        return float(outcome.attrs["samples_per_sec"])
+
+    def side_by_side(
+        self, settings: Sequence[LoaderSettings], rounds: int, desc: str = "side by side"
+    ) -> list[list[float]]:
+        """Each setting measured once per round, the order rotated every round.
+
+        Returns the samples/s of each setting's completed rounds, in the order given.
+        """
+        values: list[list[float]] = [[] for _ in settings]
+        order = list(range(len(settings)))
+        with tqdm(total=rounds * len(settings), desc=desc, file=sys.stderr, leave=False) as bar:
+            for round_number in range(rounds):
+                shift = round_number % len(order)
+                for index in order[shift:] + order[:shift]:
+                    value = self.measure(settings[index])
+                    if value is not None:
+                        values[index].append(value)
+                    bar.update()
+        return values
+
+    def baselines(self) -> dict[str, LoaderSettings]:
+        """``pytorch-default`` and ``rule-of-thumb``, as the study enqueues them."""
+        return baseline_settings(self.prepared.space, self.prepared.fingerprint.physical_cores)
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclasses.dataclass
+class TimedStudy:
+    """One ``run_study`` call and where its wall time went."""
+
+    result: StudyResult
+    wall_s: float
+    probe_s: float
+    remeasure_s: float
+    started_at: float
+    """``time.time()`` at the start, to place the trials' own timestamps on this run's clock."""
+
+    @property
+    def trials_s(self) -> float:
+        """Wall time outside the final re-measurement (setup, probe and trials)."""
+        return self.wall_s - self.remeasure_s
+
+
+@contextlib.contextmanager
+def _phase_clocks() -> Iterator[dict[str, float]]:
+    """Time ``_probe`` and ``_remeasure`` inside ``run_study`` (looked up at call time)."""
+    spent = {"probe": 0.0, "remeasure": 0.0}
+    originals = {"probe": study_module._probe, "remeasure": study_module._remeasure}
+
+    def timed(name: str) -> Callable[..., Any]:
+        original = originals[name]
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.monotonic()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[name] += time.monotonic() - started
+
+        return wrapper
+
+    study_module._probe = timed("probe")  # type: ignore[assignment]
+    study_module._remeasure = timed("remeasure")  # type: ignore[assignment]
+    try:
+        yield spent
+    finally:
+        study_module._probe = originals["probe"]  # type: ignore[assignment]
+        study_module._remeasure = originals["remeasure"]  # type: ignore[assignment]
+
+
+def run_timed_study(config: StudyConfig) -> TimedStudy:
+    """Run the tuner as its CLI does; its messages and summary table are swallowed."""
+    with _phase_clocks() as spent, contextlib.redirect_stdout(io.StringIO()):
+        started_at = time.time()
+        started = time.monotonic()
+        result = run_study(config, out=io.StringIO())
+        wall_s = time.monotonic() - started
+    return TimedStudy(result, wall_s, spent["probe"], spent["remeasure"], started_at)
+
+
+def machine_summary() -> dict[str, Any]:
+    """What the numbers were measured on, for the report's header."""
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu_model_name(),
+        "memory_gib": round(memory_gib, 1),
+        "load_average": [round(value, 2) for value in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def print_machine(machine: Mapping[str, Any]) -> None:
+    print(
+        f"machine: {machine['nproc']} CPUs ({machine['cpu_model']}), {machine['memory_gib']} GiB,"
+        f" torch {machine['torch']}, CUDA {'yes' if machine['cuda'] else 'no'};"
+        f" load average {machine['load_average']} at {machine['date']}"
+    )
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub table: readable in a terminal, pasted as is into docs/benchmarks.md."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
