@@ -76,6 +76,24 @@ def run_cli(
     )
 
 
+QUICK_TRIALS = ("--trial-seconds", "0.4", "--warmup-seconds", "0.1", "--no-progress")
+"""Short windows that keep a study of the tests' small workloads to seconds."""
+
+
+def study_cli(
+    storage: str, objective: str, *flags: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m tuner.study --hardware auto`` with short trials on ``storage``."""
+    args = ["--hardware", "auto", "--objective", objective, "--storage", storage, *QUICK_TRIALS]
+    return run_cli("tuner.study", *args, *flags, cwd=cwd)
+
+
+def best_cli(storage: str, objective: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``python -m tuner.best --hardware auto`` on ``storage``."""
+    args = ["--hardware", "auto", "--objective", objective, "--storage", storage]
+    return run_cli("tuner.best", *args, *flags)
+
+
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 
 

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from objectives import Workload, move_to_device
 from tuner._measure import count_samples, synchronize
+from tuner._naming import CEILING_ATTR
 from tuner._settings import LoaderSettings
 from tuner._summary import best_trial, remeasured, trial_throughput
 
@@ -32,8 +33,6 @@ __all__ = [
     "measure_ceiling",
 ]
 
-CEILING_ATTR = "ceiling_samples_per_sec"
-"""Study user attr: the ceiling, in samples/sec."""
 
 CEILING_STOP_FRACTION = 0.98
 """A best within 2% of the ceiling ends the study: no setting can be meaningfully faster."""

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from objectives import Workload, load_workload
+from tuner._ceiling import CEILING_ATTR, measure_ceiling
 from tuner._measure import measure, synchronize
 from tuner._outcome import classify_error, one_line
 from tuner._settings import LoaderSettings
@@ -84,7 +85,22 @@ def _probe(conn: Connection, job: dict[str, Any]) -> None:
     conn.send({"kind": "result", "attrs": {}})
 
 
-_MODES = {"measure": _measure, "probe": _probe}
+def _ceiling(conn: Connection, job: dict[str, Any]) -> None:
+    """The step alone on one prepared batch: what no DataLoader setting can beat."""
+    settings = LoaderSettings.from_attrs(job["settings"])
+    rate = measure_ceiling(
+        _workload(job, settings),
+        settings,
+        torch.device(job["device"]),
+        window_s=job["window_s"],
+        warmup_s=job["warmup_s"],
+        batches=job.get("batches"),
+        seed=job.get("seed", 0),
+    )
+    conn.send({"kind": "result", "attrs": {CEILING_ATTR: rate}})
+
+
+_MODES = {"measure": _measure, "probe": _probe, "ceiling": _ceiling}
 
 
 def run_child(conn: Connection, job: dict[str, Any], supervisor_pid: int) -> None:

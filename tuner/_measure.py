@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from objectives import Workload, move_to_device
 from tuner._settings import LoaderSettings
+from tuner._telemetry import StepTimeline
 
 __all__ = ["Measurement", "count_samples", "measure", "synchronize"]
 
@@ -36,6 +37,10 @@ class Measurement:
     data_wait_fraction: float
     epochs: int
     device: str
+    window_started_at: float
+    """The window's start on the supervisor's clock (``time.monotonic``), to align telemetry."""
+    timeline: list[list[float]]
+    """Per step (merged when long): seconds into the window, data wait, step time."""
 
     def to_attrs(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -140,13 +145,18 @@ def measure(
 
         synchronize(device)
         stream.wait_s, epochs_before = 0.0, stream.epochs
+        timeline = StepTimeline()
+        window_started_at = time.monotonic()
         started = time.perf_counter()
         next_report = started + progress_interval_s
         samples = batches = 0
         while True:
+            began, waited_before = time.perf_counter(), stream.wait_s
             samples += run_one()
             batches += 1
             now = time.perf_counter()
+            waited = stream.wait_s - waited_before
+            timeline.add(began - started, waited, now - began - waited)
             if now - started >= window_s:
                 break
             if progress is not None and now >= next_report:
@@ -166,4 +176,6 @@ def measure(
         data_wait_fraction=min(1.0, stream.wait_s / elapsed),
         epochs=stream.epochs - epochs_before,
         device=str(device),
+        window_started_at=window_started_at,
+        timeline=timeline.rows(),
     )

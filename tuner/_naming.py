@@ -7,6 +7,7 @@ from pathlib import Path
 __all__ = [
     "BASELINE_PYTORCH_DEFAULT",
     "BASELINE_RULE_OF_THUMB",
+    "CEILING_ATTR",
     "MEMORY_REASONS",
     "METRIC_NAME",
     "REMEASURED_ATTR",
@@ -19,6 +20,8 @@ BASELINE_PYTORCH_DEFAULT = "pytorch-default"
 BASELINE_RULE_OF_THUMB = "rule-of-thumb"
 METRIC_NAME = "samples_per_sec"
 REMEASURED_ATTR = "remeasured_samples_per_sec"
+CEILING_ATTR = "ceiling_samples_per_sec"
+"""Study user attr: the step alone on prepared data, the most any DataLoader setting can reach."""
 """Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""
 
 MEMORY_REASONS = ("memory_guard:", "cuda_oom", "host_oom", "shm_full", "trial_killed: SIGKILL")

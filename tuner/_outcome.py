@@ -20,6 +20,8 @@ class TrialOutcome:
     attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
     reason: str | None = None
     error: str | None = None
+    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
+    """File name -> text (the telemetry CSVs), attached to the trial before it is told."""
 
 
 def one_line(error: BaseException) -> str:

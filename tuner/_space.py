@@ -80,7 +80,7 @@ class SearchSpace:
             high = min(high, self.max_batch)
         if self.effective_batch is not None:
             high = min(high, self.effective_batch)
-        choices = [value for value in powers_of_two(low, high)]
+        choices = powers_of_two(low, high)
         if self.effective_batch is not None:
             choices = [value for value in choices if self.effective_batch % value == 0]
         if not choices:
@@ -139,7 +139,6 @@ class SearchSpace:
             "torch_num_threads": (1, self.max_threads),
         }
         if name == self.batch_param:
-            choices = self.batch_choices()
             low, high = self.workload.batch_size_range
             if not low <= number <= high:
                 raise ValueError(f"{number} is outside {low}..{high}")
@@ -147,7 +146,6 @@ class SearchSpace:
                 raise ValueError(
                     f"{number} does not divide --effective-batch {self.effective_batch}"
                 )
-            del choices
             return number
         low, high = bounds[name]
         if not low <= number <= high:

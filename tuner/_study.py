@@ -30,16 +30,19 @@ from tqdm import tqdm
 from objectives import Workload, load_workload
 from storage import mask_url, open_storage, storage_lock, with_retry
 from tuner import __version__, _hardware
+from tuner._artifacts import open_artifact_store
 from tuner._baselines import enqueue_baselines
-from tuner._gpu import open_gpu_reader
+from tuner._ceiling import CEILING_ATTR, ceiling_stop_message
+from tuner._gpu import GpuReader, open_gpu_reader
 from tuner._guard import GuardLimits, MemoryGuard, default_limits
 from tuner._naming import METRIC_NAME, REMEASURED_ATTR, study_name
+from tuner._note import save_study_note
 from tuner._probe import probe_max_batch
 from tuner._settings import LoaderSettings
 from tuner._space import SearchSpace, SpaceError
 from tuner._summary import print_summary
 from tuner._supervisor import Supervisor
-from tuner._trial import TrialRunner
+from tuner._trial import SearchSpaceChanged, TrialRunner
 from tuner._warm_start import enqueue_warm_start
 
 __all__ = ["ConfigError", "StudyConfig", "prepare", "run_study"]
@@ -81,6 +84,7 @@ class StudyConfig:
     heartbeat_interval: int = 10
     grace_period: int | None = None
     profiles_file: str | None = None
+    artifact_dir: str | None = None
     progress: bool = True
 
 
@@ -244,6 +248,38 @@ def _probe(prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor)
         return attrs["max_batch_size"]
 
 
+def _ceiling(prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner) -> float | None:
+    """The study's ``ceiling_samples_per_sec``: the step alone on prepared data, measured once."""
+    if CEILING_ATTR in study.user_attrs:
+        return float(study.user_attrs[CEILING_ATTR])
+    space, config = prepared.space, prepared.config
+    batches = space.batch_choices()[-3:]
+    rates = []
+    # The intra-op thread count changes the step's own speed (a lot, on some machines).
+    for threads in sorted({1, space.max_threads}):
+        settings = space.settings(
+            0, batches[-1], None, False, False, threads, prepared.workload.default_knobs
+        )
+        job = {
+            **runner.job(settings),
+            "mode": "ceiling",
+            "batches": batches,
+            "window_s": min(config.trial_seconds, 1.5),
+            "warmup_s": min(config.warmup_seconds, 0.5),
+        }
+        outcome = runner.supervisor.run(job, _trial_deadline(config) * 2)
+        if outcome.state != "complete":
+            _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
+            return None
+        rates.append(float(outcome.attrs[CEILING_ATTR]))
+    with storage_lock(prepared.config.storage, prepared.study_name):
+        attrs = study.user_attrs  # a fresh read: another worker may have measured it meanwhile
+        if CEILING_ATTR in attrs:
+            return float(attrs[CEILING_ATTR])
+        study.set_user_attr(CEILING_ATTR, max(rates))
+    return max(rates)
+
+
 def _trial_deadline(config: StudyConfig) -> float:
     """How long a trial child may take before it is killed as hung."""
     if config.trial_timeout is not None:
@@ -251,7 +287,9 @@ def _trial_deadline(config: StudyConfig) -> float:
     return 60.0 + 3 * (config.warmup_seconds + config.trial_seconds)
 
 
-def _runner(prepared: PreparedStudy, supervisor: Supervisor) -> TrialRunner:
+def _runner(
+    prepared: PreparedStudy, supervisor: Supervisor, gpu: GpuReader | None = None
+) -> TrialRunner:
     config = prepared.config
     machine = {
         "profile": _hardware.auto_profile_name(prepared.fingerprint),
@@ -270,6 +308,9 @@ def _runner(prepared: PreparedStudy, supervisor: Supervisor) -> TrialRunner:
         deadline_s=_trial_deadline(config),
         seed=config.seed or 0,
         machine_attrs=machine,
+        gpu=gpu,
+        gpu_index=0 if gpu is not None else None,
+        artifact_store=open_artifact_store(config.storage, config.artifact_dir),
     )
 
 
@@ -405,18 +446,16 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
         f"in {mask_url(config.storage)} (device {prepared.device})",
         file=out,
     )
-    gpu = open_gpu_reader(_log)
-    if not gpu.available:
-        print(f"GPU memory guard off ({getattr(gpu, 'reason', 'no GPU')})", file=out)
-    guard = MemoryGuard(
-        prepared.limits,
-        gpu=gpu if prepared.space.cuda else None,
-        gpu_index=0 if prepared.space.cuda else None,
-    )
+    reader = open_gpu_reader(_log)
+    if not reader.available:
+        print(f"GPU memory guard off ({getattr(reader, 'reason', 'no GPU')})", file=out)
+    gpu = reader if prepared.space.cuda and reader.available else None
+    guard = MemoryGuard(prepared.limits, gpu=gpu, gpu_index=0 if gpu is not None else None)
     supervisor = Supervisor(guard)
     max_batch = _probe(prepared, study, supervisor)
     prepared.space = dataclasses.replace(prepared.space, max_batch=max_batch)
-    runner = _runner(prepared, supervisor)
+    runner = _runner(prepared, supervisor, gpu)
+    runner.ceiling = _ceiling(prepared, study, runner)
     with storage_lock(config.storage, prepared.study_name):
         if enqueue_baselines(study, prepared.space, prepared.fingerprint.physical_cores):
             sources = enqueue_warm_start(study, config.objective, prepared.profile, prepared.space)
@@ -453,8 +492,7 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
             with _heartbeat(study._storage, trial._trial_id, config.heartbeat_interval):
                 try:
                     outcome = runner.run(study, trial)
-                except ValueError as error:
-                    # Optuna refuses a distribution that differs from the study's (other flags).
+                except SearchSpaceChanged as error:
                     study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
                     raise ConfigError(
                         f"study {prepared.study_name} was tuned with another search space "
@@ -466,10 +504,17 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
                 _postfix(study, trial.number, outcome.state, outcome.reason), refresh=False
             )
             bar.update()
+            stop = with_retry(lambda: ceiling_stop_message(study), "reading the best")
+            if stop is not None:
+                bar.close()
+                print(stop, file=out)
+                break
     finally:
         bar.close()
     medians = _remeasure(study, runner, config, out)
     best = print_summary(study, prepared.space.batch_param, out=sys.stdout)
+    with storage_lock(config.storage, prepared.study_name):
+        with_retry(lambda: save_study_note(study), "writing the study note")
     return StudyResult(study, trials_run, best, medians)
 
 

@@ -8,7 +8,13 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, REMEASURED_ATTR
+from tuner._diagnosis import diagnose_trial
+from tuner._naming import (
+    BASELINE_PYTORCH_DEFAULT,
+    BASELINE_RULE_OF_THUMB,
+    CEILING_ATTR,
+    REMEASURED_ATTR,
+)
 from tuner._settings import LoaderSettings
 from tuner._snippet import dataloader_snippet
 from tuner._table import format_table
@@ -125,6 +131,13 @@ def print_summary(
     )
     for name, ratio in speedups(study, best).items():
         print(f"  {ratio:.2f}x over {name}", file=out)
+    ceiling = study.user_attrs.get(CEILING_ATTR)
+    if ceiling:
+        share = trial_throughput(best, medians) / float(ceiling)
+        print(f"  {share:.0%} of the ceiling ({float(ceiling):,.0f} samples/s)", file=out)
+    diagnosis = diagnose_trial(best)
+    if diagnosis is not None:
+        print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)
     settings = LoaderSettings.from_attrs(best.user_attrs["settings"])
     print("\n" + dataloader_snippet(settings, batch_param), file=out)
     return best

@@ -31,6 +31,7 @@ import psutil
 from tuner._guard import Breach, MemoryGuard
 from tuner._memory import process_tree
 from tuner._outcome import TrialOutcome, classify_exit
+from tuner._telemetry import TelemetrySampler
 
 __all__ = ["Supervisor", "kill_tree"]
 
@@ -111,8 +112,12 @@ class Supervisor:
         deadline_s: float,
         on_progress: ProgressHandler | None = None,
         on_message: MessageHandler | None = None,
+        telemetry: TelemetrySampler | None = None,
     ) -> TrialOutcome:
-        """Run ``job`` in a child; return how it ended, with the guard's peaks in its attrs."""
+        """Run ``job`` in a child; return how it ended, with the guard's peaks in its attrs.
+
+        ``telemetry`` is sampled on the guard's ticks, for the trial's telemetry artifact.
+        """
         from tuner._child import run_child
 
         context = self._ctx()
@@ -124,6 +129,8 @@ class Supervisor:
         assert process.pid is not None
         pid = process.pid
         self.guard.start(pid)
+        if telemetry is not None:
+            telemetry.start(time.monotonic())
         deadline = time.monotonic() + deadline_s
         outcome: TrialOutcome | None = None
         known: dict[int, psutil.Process] = {}
@@ -136,6 +143,8 @@ class Supervisor:
                     for member in tree:
                         known.setdefault(member.pid, member)
                     breach = self.guard.check(self.guard.sample(tree))
+                    if telemetry is not None:
+                        telemetry.sample(now)
                     next_sample = now + self.guard.interval_s
                     if breach is not None:
                         outcome = self._stop(pid, known, breach=breach)

@@ -13,21 +13,31 @@ import sys
 from typing import Any
 
 import optuna
+from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 
 from storage import is_connection_error, with_retry
+from tuner._artifacts import upload_trial_csv
+from tuner._ceiling import efficiency
+from tuner._diagnosis import diagnose
+from tuner._gpu import GpuReader
 from tuner._naming import is_memory_reason
 from tuner._outcome import TrialOutcome
 from tuner._settings import LoaderSettings
 from tuner._space import SearchSpace
 from tuner._supervisor import Supervisor
+from tuner._telemetry import TelemetrySampler, collect_trial_telemetry
 
-__all__ = ["TrialRunner", "memory_walls"]
+__all__ = ["SearchSpaceChanged", "TrialRunner", "memory_walls"]
 
 _log = logging.getLogger("tuner.trial")
 
 MEMORY_CONSTRAINT = "memory"
 """Optuna constraint: > 0 for settings that did not fit, so the sampler learns the wall."""
+
+
+class SearchSpaceChanged(ValueError):
+    """Optuna refused a parameter's distribution: the study was tuned with other flags."""
 
 
 def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, LoaderSettings]]:
@@ -57,6 +67,10 @@ class TrialRunner:
     deadline_s: float
     seed: int
     machine_attrs: dict[str, Any]
+    gpu: GpuReader | None = None
+    gpu_index: int | None = None
+    artifact_store: FileSystemArtifactStore | None = None
+    ceiling: float | None = None
 
     def job(self, settings: LoaderSettings) -> dict[str, Any]:
         return {
@@ -72,8 +86,15 @@ class TrialRunner:
         }
 
     def measure(self, settings: LoaderSettings, on_progress: Any = None) -> TrialOutcome:
-        """Run one measurement of ``settings`` in a supervised child."""
-        return self.supervisor.run(self.job(settings), self.deadline_s, on_progress=on_progress)
+        """Run one measurement of ``settings`` in a supervised child, with its telemetry."""
+        sampler = TelemetrySampler(self.gpu, self.gpu_index)
+        outcome = self.supervisor.run(
+            self.job(settings), self.deadline_s, on_progress=on_progress, telemetry=sampler
+        )
+        telemetry = collect_trial_telemetry(sampler, outcome.attrs)
+        outcome.attrs.update(telemetry.attrs)
+        outcome.artifacts.update(telemetry.artifacts())
+        return outcome
 
     def settings_for(self, trial: optuna.Trial) -> LoaderSettings:
         """Enqueued trials (baselines, warm starts, retries) carry their exact setting."""
@@ -83,7 +104,10 @@ class TrialRunner:
 
     def run(self, study: optuna.Study, trial: optuna.Trial) -> TrialOutcome:
         """Run ``trial`` to its end and tell the study; never raises for the trial's own failure."""
-        settings = with_retry(lambda: self.settings_for(trial), "sampling a trial")
+        try:
+            settings = with_retry(lambda: self.settings_for(trial), "sampling a trial")
+        except ValueError as error:  # "Cannot set different distribution kind ..." and kin
+            raise SearchSpaceChanged(str(error)) from None
         walls = memory_walls(with_retry(lambda: study.get_trials(deepcopy=False), "reading trials"))
         for wall_number, wall in walls:
             if settings.dominates(wall) and "baseline" not in trial.user_attrs:
@@ -122,6 +146,12 @@ class TrialRunner:
             attrs["pruned_reason"] = outcome.reason
         if outcome.error is not None:
             attrs["error"] = outcome.error
+        share = efficiency(attrs.get("samples_per_sec"), self.ceiling)
+        if share is not None:
+            attrs["efficiency"] = share
+        diagnosis = diagnose(attrs, outcome.reason, self.supervisor.guard.limits)
+        if diagnosis is not None:
+            attrs.update(diagnosis.to_attrs())
         for key, value in attrs.items():
             with_retry(
                 lambda key=key, value=value: trial.set_user_attr(key, value), "recording a trial"
@@ -130,6 +160,10 @@ class TrialRunner:
             1.0 if is_memory_reason(outcome.reason) or outcome.reason == "memory_wall" else 0.0
         )
         with_retry(lambda: trial.set_constraint(MEMORY_CONSTRAINT, constraint), "recording a trial")
+        if self.artifact_store is not None:
+            # Artifacts hang off trial system attrs, which Optuna refuses once a trial is told.
+            for name, text in outcome.artifacts.items():
+                upload_trial_csv(self.artifact_store, study, trial, name, text)
         if outcome.state == "complete":
             value = float(outcome.attrs["samples_per_sec"])
             tell: dict[str, Any] = (

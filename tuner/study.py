@@ -81,6 +81,11 @@ def parser() -> argparse.ArgumentParser:
         help="re-measure this many best settings at the end (0: none)",
     )
     run.add_argument("--remeasure-rounds", type=int, default=3)
+    run.add_argument(
+        "--artifact-dir",
+        default=None,
+        help="where trial CSVs go (default: tuner-artifacts/ beside an SQLite file, else ./)",
+    )
     run.add_argument("--no-progress", dest="progress", action="store_false")
     guard = p.add_argument_group("memory guard")
     guard.add_argument(
@@ -177,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         heartbeat_interval=args.heartbeat_interval,
         grace_period=args.grace_period,
         profiles_file=args.profiles,
+        artifact_dir=args.artifact_dir,
         progress=args.progress,
     )
     result = run_study(config)

@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, study_cli
 
 pytest.importorskip("grpc")
 
@@ -41,16 +41,11 @@ def test_a_study_through_the_grpc_proxy(tmp_path: Path) -> None:
                     break
             time.sleep(0.2)
         objective = "tests.tuner_tests.workloads:fast"
-        result = run_cli(
-            "tuner.study",
-            "--hardware",
-            "auto",
-            "--objective",
+        result = study_cli(
+            f"grpc://127.0.0.1:{port}",
             objective,
             "--n-trials",
             "3",
-            "--storage",
-            f"grpc://127.0.0.1:{port}",
             "--trial-seconds",
             "0.3",
             "--warmup-seconds",

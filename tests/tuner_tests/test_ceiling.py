@@ -123,9 +123,6 @@ def test_a_best_far_from_the_ceiling_goes_on(sqlite_url: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True, reason="until tuner._study measures the ceiling (integration pending)"
-)
 def test_a_study_of_a_compute_bound_workload_stops_early(sqlite_url: str) -> None:
     result = run_cli(
         "tuner.study",

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import tuner
-from tests.conftest import run_cli
+from tests.conftest import best_cli, study_cli
 from tuner._hardware import auto_profile_name, detect_fingerprint
 from tuner._loader import AdaptiveLoader, MachineState, clamp_to_machine
 from tuner._settings import LoaderSettings
@@ -75,11 +75,8 @@ def test_loader_falls_back_to_the_rule_of_thumb(tmp_path: Path) -> None:
 def test_loader_uses_the_stored_best(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     objective = "tests.tuner_tests.workloads:fast"
-    result = run_cli(
-        "tuner.study",
-        "--hardware",
-        "auto",
-        "--objective",
+    result = study_cli(
+        f"sqlite:///{db}",
         objective,
         "--n-trials",
         "3",
@@ -90,23 +87,9 @@ def test_loader_uses_the_stored_best(tmp_path: Path) -> None:
         "--no-progress",
         "--remeasure-top",
         "0",
-        "--storage",
-        f"sqlite:///{db}",
     )
     assert result.returncode == 0, result.stderr
-    best = json.loads(
-        run_cli(
-            "tuner.best",
-            "--hardware",
-            "auto",
-            "--objective",
-            objective,
-            "--storage",
-            f"sqlite:///{db}",
-            "--format",
-            "json",
-        ).stdout
-    )
+    best = json.loads(best_cli(f"sqlite:///{db}", objective, "--format", "json").stdout)
     loader = tuner.loader(
         TensorDataset(torch.arange(64.0)), objective=objective, storage=f"sqlite:///{db}"
     )

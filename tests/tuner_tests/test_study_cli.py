@@ -14,19 +14,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.conftest import run_cli
+from tests.conftest import best_cli, run_cli, study_cli
 from tuner._hardware import auto_profile_name, detect_fingerprint
 
 FAST = "tests.tuner_tests.workloads:fast"
-QUICK = [
-    "--trial-seconds",
-    "0.4",
-    "--warmup-seconds",
-    "0.1",
-    "--no-progress",
-    "--remeasure-rounds",
-    "1",
-]
+QUICK = ["--remeasure-rounds", "1"]
 PROFILE = auto_profile_name(detect_fingerprint())
 
 
@@ -44,20 +36,7 @@ def _study(db: Path, objective: str = FAST) -> optuna.Study:
 def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real study of the fast workload, shared by the read-only tests below."""
     db = tmp_path_factory.mktemp("study") / "tuner.db"
-    result = run_cli(
-        "tuner.study",
-        "--hardware",
-        "auto",
-        "--objective",
-        FAST,
-        "--n-trials",
-        "6",
-        "--seed",
-        "0",
-        "--storage",
-        f"sqlite:///{db}",
-        *QUICK,
-    )
+    result = study_cli(f"sqlite:///{db}", FAST, "--n-trials", "6", "--seed", "0", *QUICK)
     assert result.returncode == 0, result.stderr
     assert "best: trial" in result.stdout and "DataLoader(" in result.stdout
     return db
@@ -81,19 +60,8 @@ def test_study_records_what_it_measured(tuned: Path) -> None:
 
 
 def test_baselines_come_first_and_once_also_on_resume(tuned: Path) -> None:
-    result = run_cli(
-        "tuner.study",
-        "--hardware",
-        "auto",
-        "--objective",
-        FAST,
-        "--n-trials",
-        "2",
-        "--storage",
-        f"sqlite:///{tuned}",
-        "--remeasure-top",
-        "0",
-        *QUICK,
+    result = study_cli(
+        f"sqlite:///{tuned}", FAST, "--n-trials", "2", "--remeasure-top", "0", *QUICK
     )
     assert result.returncode == 0, result.stderr
     assert "resuming study" in result.stderr
@@ -108,36 +76,16 @@ def test_baselines_come_first_and_once_also_on_resume(tuned: Path) -> None:
 
 def test_best_formats(tuned: Path) -> None:
     storage = f"sqlite:///{tuned}"
-    as_json = run_cli(
-        "tuner.best",
-        "--hardware",
-        "auto",
-        "--objective",
-        FAST,
-        "--storage",
-        storage,
-        "--format",
-        "json",
-    )
+    as_json = best_cli(storage, FAST, "--format", "json")
     assert as_json.returncode == 0, as_json.stderr
     kwargs = json.loads(as_json.stdout)
     assert "samples/s" in as_json.stderr
     loader = DataLoader(TensorDataset(torch.arange(64.0)), **kwargs)
     assert sum(len(batch[0]) for batch in loader) == 64
-    as_python = run_cli(
-        "tuner.best",
-        "--hardware",
-        "auto",
-        "--objective",
-        FAST,
-        "--storage",
-        storage,
-        "--format",
-        "python",
-    )
+    as_python = best_cli(storage, FAST, "--format", "python")
     assert "loader = DataLoader(" in as_python.stdout
     compile(as_python.stdout, "snippet", "exec")
-    table = run_cli("tuner.best", "--hardware", "auto", "--objective", FAST, "--storage", storage)
+    table = best_cli(storage, FAST)
     assert "num_workers" in table.stdout and "finished trials" in table.stdout
 
 
@@ -145,17 +93,7 @@ def test_best_params_api_matches_the_cli(tuned: Path) -> None:
     import tuner
 
     kwargs = tuner.best_params("auto", objective=FAST, storage=f"sqlite:///{tuned}")
-    cli = run_cli(
-        "tuner.best",
-        "--hardware",
-        "auto",
-        "--objective",
-        FAST,
-        "--storage",
-        f"sqlite:///{tuned}",
-        "--format",
-        "json",
-    )
+    cli = best_cli(f"sqlite:///{tuned}", FAST, "--format", "json")
     assert kwargs == json.loads(cli.stdout)
 
 
@@ -261,11 +199,8 @@ def test_user_workload_from_a_file_with_worker_processes(tmp_path: Path, context
     path = tmp_path / "my_workload.py"
     path.write_text(textwrap.dedent(USER_FILE))
     db = tmp_path / "t.db"
-    result = run_cli(
-        "tuner.study",
-        "--hardware",
-        "auto",
-        "--objective",
+    result = study_cli(
+        f"sqlite:///{db}",
         f"{path}:workload",
         "--n-trials",
         "3",
@@ -273,8 +208,6 @@ def test_user_workload_from_a_file_with_worker_processes(tmp_path: Path, context
         "num_workers=2",
         "--multiprocessing-context",
         context,
-        "--storage",
-        f"sqlite:///{db}",
         "--remeasure-top",
         "0",
         *QUICK,
@@ -291,19 +224,7 @@ def test_user_workload_from_a_file_with_worker_processes(tmp_path: Path, context
 def test_a_raising_dataset_fails_its_trials_and_the_study_goes_on(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     objective = "tests.tuner_tests.workloads:raising"
-    result = run_cli(
-        "tuner.study",
-        "--hardware",
-        "auto",
-        "--objective",
-        objective,
-        "--n-trials",
-        "3",
-        "--storage",
-        f"sqlite:///{db}",
-        "--no-probe-batch",
-        *QUICK,
-    )
+    result = study_cli(f"sqlite:///{db}", objective, "--n-trials", "3", "--no-probe-batch", *QUICK)
     assert "Traceback" not in result.stderr
     study = _study(db, objective)
     assert len(study.trials) == 3
@@ -314,18 +235,13 @@ def test_a_raising_dataset_fails_its_trials_and_the_study_goes_on(tmp_path: Path
 
 def test_effective_batch_sets_accumulation(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
-    result = run_cli(
-        "tuner.study",
-        "--hardware",
-        "auto",
-        "--objective",
+    result = study_cli(
+        f"sqlite:///{db}",
         FAST,
         "--n-trials",
         "4",
         "--effective-batch",
         "64",
-        "--storage",
-        f"sqlite:///{db}",
         "--remeasure-top",
         "0",
         *QUICK,
