@@ -9,15 +9,11 @@ Every check that can refuse the run happens in :func:`prepare`, before anything 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import statistics
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -35,10 +31,11 @@ from tuner._baselines import enqueue_baselines
 from tuner._ceiling import CEILING_ATTR, ceiling_stop_message
 from tuner._gpu import GpuReader, open_gpu_reader
 from tuner._guard import GuardLimits, MemoryGuard, default_limits
-from tuner._naming import METRIC_NAME, REMEASURED_ATTR, study_name
+from tuner._heartbeat import heartbeat
+from tuner._naming import METRIC_NAME, study_name
 from tuner._note import save_study_note
 from tuner._probe import probe_max_batch
-from tuner._settings import LoaderSettings
+from tuner._remeasure import remeasure
 from tuner._space import SearchSpace, SpaceError
 from tuner._summary import print_summary
 from tuner._supervisor import Supervisor
@@ -318,33 +315,6 @@ def _is_file_objective(objective: str) -> bool:
     return objective.rpartition(":")[0].endswith(".py")
 
 
-@contextlib.contextmanager
-def _heartbeat(storage: BaseStorage, trial_id: int, interval_s: int) -> Iterator[None]:
-    """Record the running trial's heartbeat from a thread; database hiccups are skipped."""
-    record = getattr(storage, "record_heartbeat", None)
-    if record is None or getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
-        yield
-        return
-    stop = threading.Event()
-
-    def beat() -> None:
-        while True:
-            try:
-                record(trial_id)
-            except Exception:  # the database is restarting: the next beat will do
-                _log.debug("heartbeat not recorded", exc_info=True)
-            if stop.wait(interval_s):
-                return
-
-    thread = threading.Thread(target=beat, name="tuner-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
 def _ask(study: optuna.Study, prepared: PreparedStudy) -> optuna.Trial | str | None:
     """A new trial, ``None`` when the fleet's total is reached, ``"wait"`` while others finish."""
     total = prepared.config.total_trials
@@ -384,53 +354,6 @@ class StudyResult:
     trials_run: int
     best_trial: optuna.trial.FrozenTrial | None
     remeasured: dict[int, float]
-
-
-def _remeasure(
-    study: optuna.Study, runner: TrialRunner, config: StudyConfig, out: TextIO
-) -> dict[int, float]:
-    """Re-measure the top candidates and the baselines side by side, interleaved; medians."""
-    if config.remeasure_top <= 0 or config.remeasure_rounds <= 0:
-        return {}
-    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    ranked = sorted(complete, key=lambda t: t.value or 0.0, reverse=True)
-    chosen: list[optuna.trial.FrozenTrial] = []
-    seen: list[dict[str, Any]] = []
-    for trial in ranked:
-        settings = trial.user_attrs.get("settings")
-        if settings in seen:
-            continue
-        if len(chosen) < config.remeasure_top or "baseline" in trial.user_attrs:
-            chosen.append(trial)
-            seen.append(settings)
-    if not chosen:
-        return {}
-    runs: dict[int, list[float]] = {trial.number: [] for trial in chosen}
-    total = len(chosen) * config.remeasure_rounds
-    with tqdm(
-        total=total, desc="re-measuring", file=out, disable=not config.progress, leave=False
-    ) as bar:
-        for _ in range(config.remeasure_rounds):
-            for trial in chosen:
-                outcome = runner.measure(LoaderSettings.from_attrs(trial.user_attrs["settings"]))
-                if outcome.state == "complete":
-                    runs[trial.number].append(float(outcome.attrs["samples_per_sec"]))
-                bar.update()
-    medians = {number: statistics.median(values) for number, values in runs.items() if values}
-    if medians:
-        # Finished trials are immutable in Optuna: re-measurements live in the study's attrs.
-        stored = {
-            **study.user_attrs.get(REMEASURED_ATTR, {}),
-            **{str(n): v for n, v in medians.items()},
-        }
-        best_number = max(medians, key=lambda n: medians[n])
-        with_retry(
-            lambda: study.set_user_attr(REMEASURED_ATTR, stored), "recording re-measurements"
-        )
-        with_retry(
-            lambda: study.set_user_attr("best_trial_number", best_number), "recording the best"
-        )
-    return medians
 
 
 def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
@@ -489,7 +412,7 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
                 continue
             assert isinstance(asked, optuna.Trial)
             trial = asked
-            with _heartbeat(study._storage, trial._trial_id, config.heartbeat_interval):
+            with heartbeat(study._storage, trial._trial_id, config.heartbeat_interval):
                 try:
                     outcome = runner.run(study, trial)
                 except SearchSpaceChanged as error:
@@ -511,7 +434,15 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
                 break
     finally:
         bar.close()
-    medians = _remeasure(study, runner, config, out)
+    medians = remeasure(
+        study,
+        runner,
+        config.remeasure_top,
+        config.remeasure_rounds,
+        config.storage,
+        out,
+        config.progress,
+    )
     best = print_summary(study, prepared.space.batch_param, out=sys.stdout)
     with storage_lock(config.storage, prepared.study_name):
         with_retry(lambda: save_study_note(study), "writing the study note")

@@ -1,0 +1,80 @@
+"""Re-measuring the top candidates and the baselines side by side, so one lucky window does
+not win: interleaved rounds (A B C A B C ...) of the same measurement, medians recorded.
+
+Finished trials are immutable in Optuna, so the medians live in the study's user attrs
+(``remeasured_samples_per_sec``: trial number -> median) with ``best_trial_number``; the merge
+runs under the study lock so concurrent workers of a fleet do not overwrite each other's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, TextIO
+
+import optuna
+from optuna.trial import TrialState
+from tqdm import tqdm
+
+from storage import storage_lock, with_retry
+from tuner._naming import REMEASURED_ATTR
+from tuner._settings import LoaderSettings
+from tuner._trial import TrialRunner
+
+__all__ = ["remeasure"]
+
+
+def _candidates(study: optuna.Study, top: int) -> list[optuna.trial.FrozenTrial]:
+    """The ``top`` best distinct settings, and every baseline."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    ranked = sorted(complete, key=lambda t: t.value or 0.0, reverse=True)
+    chosen: list[optuna.trial.FrozenTrial] = []
+    seen: list[dict[str, Any]] = []
+    for trial in ranked:
+        settings = trial.user_attrs.get("settings")
+        is_baseline = "baseline" in trial.user_attrs
+        if settings in seen and not is_baseline:
+            continue
+        if len(chosen) < top or is_baseline:
+            chosen.append(trial)
+            seen.append(settings)
+    return chosen
+
+
+def remeasure(
+    study: optuna.Study,
+    runner: TrialRunner,
+    top: int,
+    rounds: int,
+    storage_url: str,
+    out: TextIO,
+    progress: bool = True,
+) -> dict[int, float]:
+    """Re-measure and record; returns trial number -> median samples/sec."""
+    if top <= 0 or rounds <= 0:
+        return {}
+    chosen = _candidates(study, top)
+    if not chosen:
+        return {}
+    runs: dict[int, list[float]] = {trial.number: [] for trial in chosen}
+    with tqdm(
+        total=len(chosen) * rounds, desc="re-measuring", file=out, disable=not progress, leave=False
+    ) as bar:
+        for _ in range(rounds):
+            for trial in chosen:
+                outcome = runner.measure(LoaderSettings.from_attrs(trial.user_attrs["settings"]))
+                if outcome.state == "complete":
+                    runs[trial.number].append(float(outcome.attrs["samples_per_sec"]))
+                bar.update()
+    medians = {number: statistics.median(values) for number, values in runs.items() if values}
+    if medians:
+        best_number = max(medians, key=lambda n: medians[n])
+
+        def record() -> None:
+            with storage_lock(storage_url, study.study_name):
+                stored = dict(study.user_attrs.get(REMEASURED_ATTR, {}))
+                stored.update({str(n): v for n, v in medians.items()})
+                study.set_user_attr(REMEASURED_ATTR, stored)
+                study.set_user_attr("best_trial_number", best_number)
+
+        with_retry(record, "recording re-measurements")
+    return medians
