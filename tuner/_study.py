@@ -422,6 +422,11 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
                         f"({error}); "
                         "use the same flags or another --study-name"
                     ) from None
+                except KeyboardInterrupt:
+                    # The supervisor has killed the child; leave no RUNNING trial behind.
+                    trial.set_user_attr("error", "interrupted")
+                    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                    raise
             trials_run += 1
             bar.set_postfix_str(
                 _postfix(study, trial.number, outcome.state, outcome.reason), refresh=False
