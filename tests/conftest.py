@@ -8,6 +8,7 @@ answers; under CI (``CI`` set) a missing server is a failure.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -59,6 +60,13 @@ def postgres_url() -> Iterator[str]:
             )
             connection.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}"'))
         admin.dispose()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def run_cli(

@@ -12,20 +12,14 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import ROOT, run_cli, study_cli
+from tests.conftest import ROOT, free_port, run_cli, study_cli
 
 pytest.importorskip("grpc")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_study_through_the_grpc_proxy(tmp_path: Path) -> None:
     database = f"sqlite:///{tmp_path / 'fleet.db'}"
-    port = _free_port()
+    port = free_port()
     proxy = subprocess.Popen(
         [sys.executable, "-m", "storage.proxy", "--storage", database, "--port", str(port)],
         cwd=ROOT,
@@ -46,11 +40,6 @@ def test_a_study_through_the_grpc_proxy(tmp_path: Path) -> None:
             objective,
             "--n-trials",
             "3",
-            "--trial-seconds",
-            "0.3",
-            "--warmup-seconds",
-            "0.1",
-            "--no-progress",
             "--remeasure-top",
             "0",
         )

@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, free_port, run_cli
 from tests.tuner_tests.test_report import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -31,12 +31,6 @@ from tests.tuner_tests.test_report import (
 from tuner._cli import run_cli as run_main
 from tuner._note import save_study_note
 from tuner.dashboard import main
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -70,7 +64,7 @@ def dashboard(tmp_path: Path) -> Iterator[tuple[str, str]]:
     save_study_note(optuna.load_study(study_name=name, storage=url))
     build_measured_study(url)  # trials with telemetry.csv and steps.csv artifacts
 
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "tuner.dashboard", "--storage", url, "--port", str(port)],
         cwd=ROOT,

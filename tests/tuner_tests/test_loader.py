@@ -80,11 +80,6 @@ def test_loader_uses_the_stored_best(tmp_path: Path) -> None:
         objective,
         "--n-trials",
         "3",
-        "--trial-seconds",
-        "0.3",
-        "--warmup-seconds",
-        "0.1",
-        "--no-progress",
         "--remeasure-top",
         "0",
     )
