@@ -55,8 +55,15 @@ def _measure(conn: Connection, job: dict[str, Any]) -> None:
     workload = _workload(job, settings)
     device = torch.device(job["device"])
 
-    def progress(elapsed_s: float, samples_per_sec: float) -> None:
-        conn.send({"kind": "progress", "elapsed_s": elapsed_s, "samples_per_sec": samples_per_sec})
+    def progress(elapsed_s: float, samples_per_sec: float, data_wait_fraction: float) -> None:
+        conn.send(
+            {
+                "kind": "progress",
+                "elapsed_s": elapsed_s,
+                "samples_per_sec": samples_per_sec,
+                "data_wait_fraction": data_wait_fraction,
+            }
+        )
 
     result = measure(
         workload,

@@ -23,8 +23,8 @@ from tuner._telemetry import StepTimeline
 
 __all__ = ["Measurement", "count_samples", "measure", "synchronize"]
 
-ProgressCallback = Callable[[float, float], None]
-"""``progress(elapsed_s, samples_per_sec_so_far)`` during the measured window."""
+ProgressCallback = Callable[[float, float, float], None]
+"""``progress(elapsed_s, samples_per_sec_so_far, data_wait_fraction_so_far)`` in the window."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +160,7 @@ def measure(
             if now - started >= window_s:
                 break
             if progress is not None and now >= next_report:
-                progress(now - started, samples / (now - started))
+                progress(now - started, samples / (now - started), stream.wait_s / (now - started))
                 next_report = now + progress_interval_s
         synchronize(device)
         elapsed = time.perf_counter() - started

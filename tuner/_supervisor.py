@@ -92,6 +92,7 @@ class Supervisor:
         self.guard = guard
         self.kill_grace_s = kill_grace_s
         self._context: multiprocessing.context.ForkServerContext | None = None
+        self._partial: dict[str, float] = {}
         _become_subreaper()
 
     def _ctx(self) -> multiprocessing.context.ForkServerContext:
@@ -129,6 +130,7 @@ class Supervisor:
         assert process.pid is not None
         pid = process.pid
         self.guard.start(pid)
+        self._partial = {}
         if telemetry is not None:
             telemetry.start(time.monotonic())
         deadline = time.monotonic() + deadline_s
@@ -186,6 +188,12 @@ class Supervisor:
     ) -> TrialOutcome | None:
         kind = message.get("kind")
         if kind == "progress":
+            # A trial stopped early keeps what it had measured so far, for its diagnosis.
+            self._partial = {
+                "partial_samples_per_sec": message["samples_per_sec"],
+                "partial_window_s": message["elapsed_s"],
+                "data_wait_fraction": min(1.0, message.get("data_wait_fraction", 0.0)),
+            }
             if on_progress is not None and on_progress(
                 message["elapsed_s"], message["samples_per_sec"]
             ):
@@ -212,7 +220,7 @@ class Supervisor:
         for member in process_tree(pid):
             known.setdefault(member.pid, member)
         gone_after_s = kill_tree(pid, list(known.values()), self.kill_grace_s)
-        attrs: dict[str, Any] = {"kill_seconds": gone_after_s}
+        attrs: dict[str, Any] = {**self._partial, "kill_seconds": gone_after_s}
         if breach is not None:
             attrs.update(breach.to_attrs())
             reason = breach.reason

@@ -146,7 +146,8 @@ class TrialRunner:
             attrs["pruned_reason"] = outcome.reason
         if outcome.error is not None:
             attrs["error"] = outcome.error
-        share = efficiency(attrs.get("samples_per_sec"), self.ceiling)
+        throughput = attrs.get("samples_per_sec", attrs.get("partial_samples_per_sec"))
+        share = efficiency(throughput, self.ceiling)
         if share is not None:
             attrs["efficiency"] = share
         diagnosis = diagnose(attrs, outcome.reason, self.supervisor.guard.limits)

@@ -57,6 +57,8 @@ def test_study_records_what_it_measured(tuned: Path) -> None:
         assert 0.0 <= attrs["data_wait_fraction"] <= 1.0 and attrs["time_to_first_batch_s"] > 0
         assert attrs["settings"]["pin_memory"] is False  # off CUDA: fixed, and recorded
         assert "peak_host_memory_bytes" in attrs and attrs["machine"]["logical_cpus"] >= 1
+        assert attrs["bottleneck"] in ("input-bound", "cpu-bound", "io-bound", "compute-bound")
+        assert attrs["advice"] and 0 < attrs["efficiency"] <= 1.5
 
 
 def test_baselines_come_first_and_once_also_on_resume(tuned: Path) -> None:
