@@ -215,23 +215,25 @@ def _probe(prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor)
         candidates = [
             b for b in candidates if b <= max(candidates[0], len(prepared.workload.dataset))
         ]
+    # Memory, not speed, is probed: one intra-op thread, which no machine makes pathological.
     settings = space.settings(
-        0,
-        candidates[0],
-        None,
-        False,
-        space.cuda,
-        space.max_threads,
-        prepared.workload.default_knobs,
+        0, candidates[0], None, False, space.cuda, 1, prepared.workload.default_knobs
     )
-    runner_job = _runner(prepared, supervisor).job(settings)
-    largest, reason = probe_max_batch(
-        supervisor,
-        runner_job,
-        settings,
-        candidates,
-        deadline_s=_trial_deadline(prepared.config) * 2,
-    )
+    job = _runner(prepared, supervisor).job(settings)
+
+    def probe(batches: list[int]) -> tuple[int | None, str | None]:
+        if not batches:
+            return None, None
+        deadline_s = _trial_deadline(prepared.config) * 2
+        return probe_max_batch(supervisor, job, settings, batches, deadline_s=deadline_s)
+
+    # Double from the batch the user trains with, as Lightning's finder does; only if even that
+    # does not fit, look below it.
+    default = space.clamp_batch(prepared.workload.default_batch_size)
+    largest, reason = probe([b for b in candidates if b >= default])
+    if largest is None:
+        below, below_reason = probe([b for b in candidates if b < default])
+        largest, reason = below, below_reason or reason
     if largest is None:
         raise ConfigError(
             f"even batch {candidates[0]} does not fit under the memory limits ({reason}); "

@@ -136,3 +136,20 @@ def shm_filling() -> Workload:
     return Workload(
         name="shm_filling", dataset=ShmFilling(), step=_sum_step, batch_size_range=(8, 8)
     )
+
+
+class Heavy(Vectors):
+    """8 MiB samples: a batch of 64 needs over a GiB once collated, so the probe meets a wall."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.full((2 * 2**20,), float(index)), index % 10
+
+
+def heavy() -> Workload:
+    return Workload(
+        name="heavy",
+        dataset=Heavy(size=256),
+        step=_sum_step,
+        default_batch_size=8,
+        batch_size_range=(4, 128),
+    )
