@@ -112,6 +112,12 @@ def _resolve_device(requested: str) -> str:
     raise ConfigError(f"--device must be auto, cpu or cuda[:N], got {requested!r}")
 
 
+def _gpu_index(device: str) -> int:
+    """The device's index for NVML: ``cuda:N`` is N (NVML counts as CUDA does by default)."""
+    _, _, index = device.partition(":")
+    return int(index) if index.isdigit() else 0
+
+
 def prepare(config: StudyConfig) -> PreparedStudy:
     """Check every argument against this machine and the storage; raise one-line errors."""
     for name in ("n_trials", "total_trials", "effective_batch", "trial_timeout", "timeout"):
@@ -155,8 +161,8 @@ def prepare(config: StudyConfig) -> PreparedStudy:
     gpu_total = None
     if space.cuda:
         reader = open_gpu_reader(_log)
-        devices = reader.devices()
-        gpu_total = devices[0].memory_total_bytes if devices else None
+        totals = {d.index: d.memory_total_bytes for d in reader.devices()}
+        gpu_total = totals.get(_gpu_index(device))
         reader.close()
     try:
         limits = default_limits(
@@ -308,7 +314,7 @@ def _runner(
         seed=config.seed or 0,
         machine_attrs=machine,
         gpu=gpu,
-        gpu_index=0 if gpu is not None else None,
+        gpu_index=_gpu_index(prepared.device) if gpu is not None else None,
         artifact_store=open_artifact_store(config.storage, config.artifact_dir),
     )
 
@@ -375,7 +381,8 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
     if not reader.available:
         print(f"GPU memory guard off ({getattr(reader, 'reason', 'no GPU')})", file=out)
     gpu = reader if prepared.space.cuda and reader.available else None
-    guard = MemoryGuard(prepared.limits, gpu=gpu, gpu_index=0 if gpu is not None else None)
+    gpu_index = _gpu_index(prepared.device) if gpu is not None else None
+    guard = MemoryGuard(prepared.limits, gpu=gpu, gpu_index=gpu_index)
     supervisor = Supervisor(guard)
     max_batch = _probe(prepared, study, supervisor)
     prepared.space = dataclasses.replace(prepared.space, max_batch=max_batch)
