@@ -9,10 +9,8 @@ the machine's speed (other work on a shared box) then hits every setting alike, 
 of the rounds drops the odd disturbed window.
 
 :func:`run_timed_study` runs the real tuner (:func:`tuner._study.run_study`) and times it with
-``time.monotonic``. It also times the study's two phases that are not trials, the batch probe
-and the final re-measurement, by wrapping ``tuner._study._probe`` and ``tuner._study._remeasure``
-for the duration of the call; the wrappers only read the clock, so the study runs as it would
-from the command line.
+``time.monotonic``; the trials' own timestamps then split that wall time into the setup before
+the first trial (batch probe, ceiling), the trials, and the final re-measurement after the last.
 """
 
 from __future__ import annotations
@@ -29,10 +27,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import optuna
 import torch
 from tqdm import tqdm
 
@@ -68,13 +67,26 @@ DEFAULT_WINDOW_S = 1.5
 DEFAULT_WARMUP_S = 0.5
 
 
+def _threads(workers: int) -> tuple[int, ...]:
+    """Intra-op threads for the grid: 1 and 2 without workers, 1 beside them.
+
+    Two threads beside a worker oversubscribe a 2-core box: every such setting measured here ran
+    10x to 60x slower than its 1-thread twin, and the time those windows take would dominate the
+    grid's wall time. The tuner's space still holds them (the grid is a reasonable expert's
+    space, not the tuner's).
+    """
+    return (1, 2) if workers == 0 else (1,)
+
+
 def _image_grid(space: SearchSpace) -> list[LoaderSettings]:
-    """Workers 0..3, batch 16..128, prefetch {2, 4}, persistent, threads {1, 2}, both collates."""
+    """Workers 0..3, batch 16..128, prefetch {2, 4}, persistent, threads, both collates."""
     grid = []
-    for workers, batch, threads, collate in itertools.product(
-        range(4), (16, 32, 64, 128), (1, 2), ("float", "uint8")
+    for workers, batch, collate in itertools.product(
+        range(4), (16, 32, 64, 128), ("float", "uint8")
     ):
-        for prefetch in (2, 4) if workers else (None,):
+        for prefetch, threads in itertools.product(
+            (2, 4) if workers else (None,), _threads(workers)
+        ):
             grid.append(
                 space.settings(
                     workers, batch, prefetch, workers > 0, False, threads, {"collate": collate}
@@ -84,13 +96,15 @@ def _image_grid(space: SearchSpace) -> list[LoaderSettings]:
 
 
 def _text_grid(space: SearchSpace) -> list[LoaderSettings]:
-    """Workers 0..3, max_tokens 2048..16384, prefetch 2, persistent, threads {1, 2}."""
+    """Workers 0..3, max_tokens 1024..32768, prefetch {2, 4}, persistent, threads."""
     grid = []
-    for workers, max_tokens, threads in itertools.product(
-        range(4), (2048, 4096, 8192, 16384), (1, 2)
-    ):
-        prefetch = 2 if workers else None
-        grid.append(space.settings(workers, max_tokens, prefetch, workers > 0, False, threads, {}))
+    for workers, max_tokens in itertools.product(range(4), (1024, 2048, 4096, 8192, 16384, 32768)):
+        for prefetch, threads in itertools.product(
+            (2, 4) if workers else (None,), _threads(workers)
+        ):
+            grid.append(
+                space.settings(workers, max_tokens, prefetch, workers > 0, False, threads, {})
+            )
     return grid
 
 
@@ -136,7 +150,12 @@ def output_dir(requested: str | None, prefix: str) -> Path:
 
 
 def study_config(
-    workload: BenchWorkload, storage: str, window_s: float, warmup_s: float, **overrides: Any
+    workload: BenchWorkload,
+    storage: str,
+    window_s: float,
+    warmup_s: float,
+    study_name: str | None = None,
+    **overrides: Any,
 ) -> StudyConfig:
     """The study as ``python -m tuner.study --hardware auto`` would run it, progress off."""
     return StudyConfig(
@@ -144,6 +163,7 @@ def study_config(
         objective=workload.objective,
         objective_options=dict(workload.options),
         storage=storage,
+        study_name=study_name or f"bench-{workload.name}",
         trial_seconds=window_s,
         warmup_seconds=warmup_s,
         progress=False,
@@ -194,14 +214,12 @@ class Harness:
     """The independent yardstick: one setting measured as a trial measures it, in a child."""
 
     def __init__(self, prepared: PreparedStudy) -> None:
-        cuda = prepared.space.cuda
-        guard = MemoryGuard(
-            prepared.limits,
-            gpu=open_gpu_reader(_log) if cuda else None,
-            gpu_index=0 if cuda else None,
-        )
+        # The guard and runner as run_study builds them (GPU reader only where CUDA is used).
+        reader = open_gpu_reader(_log) if prepared.space.cuda else None
+        gpu = reader if reader is not None and reader.available else None
+        guard = MemoryGuard(prepared.limits, gpu=gpu, gpu_index=0 if gpu is not None else None)
         self.prepared = prepared
-        self.runner: TrialRunner = study_module._runner(prepared, Supervisor(guard))
+        self.runner: TrialRunner = study_module._runner(prepared, Supervisor(guard), gpu)
 
     @property
     def window_s(self) -> float:
@@ -249,52 +267,43 @@ class TimedStudy:
 
     result: StudyResult
     wall_s: float
-    probe_s: float
-    remeasure_s: float
     started_at: float
     """``time.time()`` at the start, to place the trials' own timestamps on this run's clock."""
+    trial_numbers: list[int]
+    """The trials this call ran."""
+    setup_s: float
+    """Until the first trial started: study creation, batch probe, ceiling, baselines queued."""
+    trials_end_s: float
+    """When the last trial ended; the rest of ``wall_s`` is the final re-measurement."""
 
     @property
-    def trials_s(self) -> float:
-        """Wall time outside the final re-measurement (setup, probe and trials)."""
-        return self.wall_s - self.remeasure_s
-
-
-@contextlib.contextmanager
-def _phase_clocks() -> Iterator[dict[str, float]]:
-    """Time ``_probe`` and ``_remeasure`` inside ``run_study`` (looked up at call time)."""
-    spent = {"probe": 0.0, "remeasure": 0.0}
-    originals = {"probe": study_module._probe, "remeasure": study_module._remeasure}
-
-    def timed(name: str) -> Callable[..., Any]:
-        original = originals[name]
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.monotonic()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                spent[name] += time.monotonic() - started
-
-        return wrapper
-
-    study_module._probe = timed("probe")  # type: ignore[assignment]
-    study_module._remeasure = timed("remeasure")  # type: ignore[assignment]
-    try:
-        yield spent
-    finally:
-        study_module._probe = originals["probe"]  # type: ignore[assignment]
-        study_module._remeasure = originals["remeasure"]  # type: ignore[assignment]
+    def remeasure_s(self) -> float:
+        return self.wall_s - self.trials_end_s
 
 
 def run_timed_study(config: StudyConfig) -> TimedStudy:
     """Run the tuner as its CLI does; its messages and summary table are swallowed."""
-    with _phase_clocks() as spent, contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()):
+        before = _trial_count(config)
         started_at = time.time()
         started = time.monotonic()
         result = run_study(config, out=io.StringIO())
         wall_s = time.monotonic() - started
-    return TimedStudy(result, wall_s, spent["probe"], spent["remeasure"], started_at)
+    trials = [t for t in result.study.get_trials(deepcopy=False) if t.number >= before]
+    starts = [t.datetime_start.timestamp() for t in trials if t.datetime_start is not None]
+    ends = [t.datetime_complete.timestamp() for t in trials if t.datetime_complete is not None]
+    setup_s = (min(starts) - started_at) if starts else wall_s
+    trials_end_s = (max(ends) - started_at) if ends else wall_s
+    return TimedStudy(result, wall_s, started_at, [t.number for t in trials], setup_s, trials_end_s)
+
+
+def _trial_count(config: StudyConfig) -> int:
+    """Trials already in the study (0 when it does not exist yet), before a resumed run."""
+    try:
+        study = optuna.load_study(study_name=config.study_name, storage=config.storage)
+    except KeyError:
+        return 0
+    return len(study.get_trials(deepcopy=False))
 
 
 def machine_summary() -> dict[str, Any]:

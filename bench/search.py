@@ -8,11 +8,12 @@
    search costs on this machine.
 2. The tuner: ``run_study`` as the CLI runs it (default strategy ``tpe`` and plain ``random``),
    one SQLite file per strategy and seed so no study warm-starts another. The budgets are
-   reached by resuming the same study (10, then +10, then +20 trials): a resumed study samples
-   from the same history a straight run would have, and the wall time for budget B counts the
-   trial phases up to B plus B's own final re-measurement (the earlier stages' re-measurements
-   would not have happened in a straight run of B trials). The tuner's pick at each budget is
-   what ``tuner.best`` would return then: the re-measured winner.
+   reached by resuming the same study (10, then +10, then +20 trials), each stage with a fresh
+   sampler seed so it does not replay the first stage's draws: the wall time for budget B counts
+   the trial phases up to B plus B's own setup share and final re-measurement (the earlier
+   stages' re-measurements would not have happened in a straight run of B trials). The tuner's
+   pick at each budget is what ``tuner.best`` would return then: the re-measured winner. A
+   study that stops on its own (its best near the ceiling) keeps its pick for larger budgets.
 3. One side-by-side session (interleaved rounds, medians) re-measures the grid's top settings,
    every pick, both baselines and the pruned settings that came nearest, so "fraction of the
    grid's optimum" and "speedup over the baselines" use one yardstick.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import sys
 import time
@@ -61,6 +63,7 @@ from bench._harness import (
 from tuner._settings import LoaderSettings
 from tuner._summary import best_trial
 
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 GOAL_FRACTION = 0.95
 GOAL_WALL_FRACTION = 0.15
 GOAL_BUDGET = 20
@@ -84,6 +87,8 @@ class Pick:
     trial_number: int
     found_after_s: float
     """Equivalent wall time at which the picked trial had completed."""
+    trials: int
+    """Trials the study had finished (fewer than ``budget`` when it stopped on its own)."""
 
     @property
     def label(self) -> str:
@@ -139,34 +144,39 @@ def run_chain(
     window_s: float,
     warmup_s: float,
 ) -> tuple[list[Pick], optuna.Study]:
-    """One study resumed up to each budget in turn; the pick and its equivalent wall per budget."""
+    """One study resumed up to each budget in turn; the pick and its equivalent wall per budget.
+
+    Each stage seeds its sampler afresh (``seed + 1000 * stage``): a resumed sampler given the
+    same seed would replay the draws of the first stage (the random sampler exactly, TPE in its
+    random start and candidates), which a straight run of the larger budget would not.
+    """
     storage = f"sqlite:///{folder / f'{workload.name}-{strategy}-seed{seed}.db'}"
     picks: list[Pick] = []
     trial_phases_s = 0.0  # the earlier stages' wall time, without their re-measurement
-    done = 0
-    stage_of: dict[int, tuple[TimedStudy, float]] = {}
+    offset_of: dict[int, tuple[TimedStudy, float]] = {}
     study: optuna.Study | None = None
-    for budget in budgets:
+    finished = 0
+    for stage, budget in enumerate(budgets):
         config = study_config(
             workload,
             storage,
             window_s,
             warmup_s,
             study_name=f"{workload.name}-{strategy}-seed{seed}",
-            n_trials=budget - done,
-            seed=seed,
+            n_trials=budget - finished,
+            seed=seed + 1000 * stage,
             sampler=strategy,
         )
         timed = run_timed_study(config)
         study = timed.result.study
-        for trial in study.get_trials(deepcopy=False):
-            stage_of.setdefault(trial.number, (timed, trial_phases_s))
+        for number in timed.trial_numbers:
+            offset_of[number] = (timed, trial_phases_s)
+        finished = len(study.get_trials(deepcopy=False, states=FINISHED))
         best = best_trial(study)
         if best is None:
             raise SystemExit(f"{strategy} seed {seed}: no trial completed by budget {budget}")
-        stage, offset_s = stage_of[best.number]
+        stage_run, offset_s = offset_of[best.number]
         assert best.datetime_complete is not None
-        found_after_s = offset_s + best.datetime_complete.timestamp() - stage.started_at
         picks.append(
             Pick(
                 strategy,
@@ -175,18 +185,25 @@ def run_chain(
                 wall_s=trial_phases_s + timed.wall_s,
                 settings=LoaderSettings.from_attrs(best.user_attrs["settings"]),
                 trial_number=best.number,
-                found_after_s=found_after_s,
+                found_after_s=offset_s + best.datetime_complete.timestamp() - stage_run.started_at,
+                trials=finished,
             )
         )
         print(
-            f"  {strategy} seed {seed} @{budget}: {timed.wall_s:.0f} s this stage"
-            f" (probe {timed.probe_s:.0f} s, re-measure {timed.remeasure_s:.0f} s),"
+            f"  {picks[-1].label}: {finished} trials, {timed.wall_s:.0f} s this stage"
+            f" (setup {timed.setup_s:.0f} s, re-measure {timed.remeasure_s:.0f} s),"
             f" pick #{best.number} {describe(picks[-1].settings, workload_batch_param(workload))}",
             file=sys.stderr,
             flush=True,
         )
-        trial_phases_s += timed.trials_s
-        done = budget
+        trial_phases_s += timed.trials_end_s
+        if finished < budget:
+            # The study stopped on its own (its best reached the ceiling): a straight run of
+            # any larger budget stops at the same trial, with the same pick.
+            picks += [
+                dataclasses.replace(picks[-1], budget=larger) for larger in budgets[stage + 1 :]
+            ]
+            break
     assert study is not None
     return picks, study
 
@@ -240,36 +257,11 @@ def _fmt(value: float | None, spec: str = ",.1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.search",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="image")
-    parser.add_argument("--budgets", default="10,20,40", help="trial budgets (default 10,20,40)")
-    parser.add_argument("--seeds", type=int, default=2, help="seeds per strategy (default 2)")
-    parser.add_argument("--strategies", default="tpe,random", help="default tpe,random")
-    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, help="seconds (1.5)")
-    parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, help="seconds (0.5)")
-    parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (default 3)")
-    parser.add_argument("--grid-top", type=int, default=3, help="grid settings re-measured (3)")
-    parser.add_argument(
-        "--pruned-check", type=int, default=2, help="nearest pruned settings re-measured (2)"
-    )
-    parser.add_argument("--out", help="folder for the studies and results JSON")
-    args = parser.parse_args(argv)
+def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """Grid, studies, one side-by-side session; everything the report needs, JSON-safe."""
+    workload = WORKLOADS[args.workload]
     budgets = sorted({int(b) for b in args.budgets.split(",")})
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    if not budgets or budgets[0] < 1 or args.seeds < 1 or args.rounds < 1:
-        parser.error("budgets, seeds and rounds must be positive")
-    for strategy in strategies:
-        if strategy not in ("tpe", "random"):
-            parser.error(f"--strategies: {strategy!r} is not tpe or random")
-
-    workload = WORKLOADS[args.workload]
-    batch_param = workload_batch_param(workload)
-    folder = output_dir(args.out, f"search-{workload.name}")
     machine = machine_summary()
     print_machine(machine)
     print(f"output in {folder}")
@@ -286,8 +278,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     harness.measure(grid[0])  # forkserver start and data caches: not part of the grid's time
     points, grid_wall_s = measure_grid(harness, grid)
-    measured = [p for p in points if p.samples_per_sec is not None]
-    measured.sort(key=lambda p: p.samples_per_sec or 0.0, reverse=True)
     print(f"grid: {grid_wall_s:.0f} s for {len(grid)} settings", flush=True)
 
     picks: list[Pick] = []
@@ -306,12 +296,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     def add(label: str, settings: LoaderSettings) -> None:
         pool.setdefault(settings_key(settings), (settings, []))[1].append(label)
 
-    grid_labels = [f"grid #{rank}" for rank in range(1, min(args.grid_top, len(measured)) + 1)]
-    for label, point in zip(grid_labels, measured, strict=False):
-        add(label, point.settings)
+    ranked = sorted(
+        (p for p in points if p.samples_per_sec is not None),
+        key=lambda p: p.samples_per_sec or 0.0,
+        reverse=True,
+    )
+    for rank, point in enumerate(ranked[: args.grid_top], start=1):
+        add(f"grid #{rank}", point.settings)
+    # Settings whose speed swings with the co-tenants' load (more intra-op threads than free
+    # cores) can rank low in the grid's single windows and high an hour later: re-measure the
+    # grid's best at each thread count too, so the optimum is not judged by one regime alone.
+    for threads in sorted({p.settings.torch_num_threads for p in ranked}):
+        best = next(p for p in ranked if p.settings.torch_num_threads == threads)
+        add(f"grid best at {threads} threads", best.settings)
     for pick in picks:
         add(pick.label, pick.settings)
-    for name, settings in harness.baselines().items():
+    baselines = harness.baselines()
+    for name, settings in baselines.items():
         add(name, settings)
     nearest = sorted(
         (p for stats in pruning for p in stats.pruned),
@@ -322,45 +323,157 @@ def main(argv: Sequence[str] | None = None) -> int:
         add(f"pruned {pruned.label}", pruned.settings)
     entries = list(pool.values())
     values = harness.side_by_side([s for s, _ in entries], args.rounds)
-    median_of: dict[str, float | None] = {}
-    for (_, labels), runs in zip(entries, values, strict=True):
-        for label in labels:
-            median_of[label] = median_or_none(runs)
-    grid_optimum = max((median_of[label] or 0.0 for label in grid_labels), default=0.0) or None
-    optimum_label = max(grid_labels, key=lambda label: median_of[label] or 0.0)
+    return {
+        "machine": machine,
+        "workload": {
+            "name": workload.name,
+            "options": dict(workload.options),
+            "batch_param": workload_batch_param(workload),
+            "space_size": space_size(prepared.space),
+        },
+        "window_s": args.window,
+        "warmup_s": args.warmup,
+        "rounds": args.rounds,
+        "budgets": budgets,
+        "strategies": strategies,
+        "baselines": list(baselines),
+        "grid": {
+            "wall_s": grid_wall_s,
+            "points": [
+                {"settings": p.settings.to_attrs(), "samples_per_sec": p.samples_per_sec}
+                for p in points
+            ],
+        },
+        "picks": [
+            {
+                "label": p.label,
+                "strategy": p.strategy,
+                "seed": p.seed,
+                "budget": p.budget,
+                "wall_s": p.wall_s,
+                "found_after_s": p.found_after_s,
+                "trial_number": p.trial_number,
+                "trials": p.trials,
+                "settings": p.settings.to_attrs(),
+            }
+            for p in picks
+        ],
+        "side_by_side": [
+            {"labels": labels, "settings": s.to_attrs(), "samples_per_sec": runs}
+            for (s, labels), runs in zip(entries, values, strict=True)
+        ],
+        "pruning": [
+            {
+                "chain": stats.chain,
+                "trials": stats.trials,
+                "pruned_by_pruner": stats.pruned_by_pruner,
+                "pruned_other": stats.pruned_other,
+                "median_complete_s": stats.median_complete_s,
+                "trial_time_s": stats.trial_time_s,
+                "saved_s": stats.saved_s,
+                "pruned": [
+                    {
+                        "label": p.label,
+                        "settings": p.settings.to_attrs(),
+                        "best_intermediate": p.best_intermediate,
+                        "duration_s": p.duration_s,
+                    }
+                    for p in stats.pruned
+                ],
+            }
+            for stats in pruning
+        ],
+    }
 
-    print(f"\n## {workload.name}: grid\n")
+
+def report(results: dict[str, Any]) -> None:
+    """Print the tables of one run's results (as written by :func:`measure`)."""
+    name = results["workload"]["name"]
+    batch_param = results["workload"].get("batch_param") or (
+        "max_tokens" if name == "text" else "batch_size"
+    )
+    baselines = results.get("baselines", ["pytorch-default", "rule-of-thumb"])
+    picks = results["picks"]
+    budgets = results.get("budgets") or sorted({p["budget"] for p in picks})
+    strategies = results.get("strategies") or list(dict.fromkeys(p["strategy"] for p in picks))
+    grid = results["grid"]
+    grid_wall_s = float(grid["wall_s"])
+
+    def label_of(settings: dict[str, Any]) -> str:
+        return describe(LoaderSettings.from_attrs(settings), batch_param)
+
+    median_of: dict[str, float | None] = {}
+    entry_of: dict[str, dict[str, Any]] = {}
+    for entry in results["side_by_side"]:
+        for label in entry["labels"]:
+            median_of[label] = median_or_none(entry["samples_per_sec"])
+            entry_of[label] = entry
+    grid_keys = {settings_key(LoaderSettings.from_attrs(p["settings"])) for p in grid["points"]}
+    in_grid = [
+        entry
+        for entry in results["side_by_side"]
+        if settings_key(LoaderSettings.from_attrs(entry["settings"])) in grid_keys
+        and entry["samples_per_sec"]
+    ]
+    optimum_entry = max(in_grid, key=lambda e: median_or_none(e["samples_per_sec"]) or 0.0)
+    optimum = median_or_none(optimum_entry["samples_per_sec"])
+    grid_ranked = [label for label in median_of if label.startswith("grid #")]
+    grid_pick = max(grid_ranked, key=lambda label: median_of[label] or 0.0)
+    grid_pick_value = median_of[grid_pick]
+
+    points = grid["points"]
+    failed = sum(p["samples_per_sec"] is None for p in points)
+    print(f"\n## {name}: grid\n")
+    print(
+        f"{len(points)} settings in {grid_wall_s:.0f} s ({grid_wall_s / len(points):.1f} s each),"
+        f" {failed} did not complete"
+        + (
+            f"; the tuner's own space holds {results['workload']['space_size']:,} settings."
+            if "space_size" in results["workload"]
+            else "."
+        )
+        + f" The grid's pick (its top {len(grid_ranked)} re-measured): {grid_pick}"
+        f" {label_of(entry_of[grid_pick]['settings'])}, {_fmt(grid_pick_value)} samples/s."
+        f" The optimum (best grid setting re-measured in the side-by-side session):"
+        f" {label_of(optimum_entry['settings'])}, {_fmt(optimum)} samples/s"
+        f" ({', '.join(optimum_entry['labels'])}).\n"
+    )
     rows = []
-    for label, point in zip(grid_labels, measured, strict=False):
+    window_of = {
+        settings_key(LoaderSettings.from_attrs(p["settings"])): p["samples_per_sec"] for p in points
+    }
+    for entry in in_grid:
+        key = settings_key(LoaderSettings.from_attrs(entry["settings"]))
         rows.append(
             [
-                label,
-                describe(point.settings, batch_param),
-                _fmt(point.samples_per_sec),
-                _fmt(median_of[label]),
+                ", ".join(entry["labels"]),
+                label_of(entry["settings"]),
+                _fmt(window_of.get(key)),
+                _fmt(median_or_none(entry["samples_per_sec"])),
+                " / ".join(f"{v:,.0f}" for v in entry["samples_per_sec"]),
             ]
         )
-    print(
-        f"{len(grid)} settings in {grid_wall_s:.0f} s ({grid_wall_s / len(grid):.1f} s each);"
-        f" {len(grid) - len(measured)} did not complete. Optimum (re-measured): {optimum_label},"
-        f" {_fmt(grid_optimum)} samples/s\n"
-    )
-    print(markdown_table(["grid rank", "setting", "grid window", "re-measured median"], rows))
+    headers = ["labels", "setting", "grid window", "re-measured median", "rounds"]
+    print(markdown_table(headers, rows))
 
-    print(f"\n## {workload.name}: tuner picks ({args.rounds} interleaved rounds)\n")
+    print(f"\n## {name}: tuner picks ({results['rounds']} interleaved rounds)\n")
     rows = []
     for pick in picks:
+        value = median_of.get(pick["label"])
         rows.append(
             [
-                pick.strategy,
-                pick.seed,
-                pick.budget,
-                f"{pick.wall_s:.0f}",
-                f"{pick.wall_s / grid_wall_s:.0%}",
-                f"{pick.found_after_s:.0f}",
-                describe(pick.settings, batch_param),
-                _fmt(median_of[pick.label]),
-                _fmt(_fraction(median_of[pick.label], grid_optimum), ".1%"),
+                pick["strategy"],
+                pick["seed"],
+                pick["budget"]
+                if pick.get("trials", pick["budget"]) >= pick["budget"]
+                else f"{pick['budget']} (stopped at {pick['trials']})",
+                f"{pick['wall_s']:.0f}",
+                f"{pick['wall_s'] / grid_wall_s:.0%}",
+                f"{pick['found_after_s']:.0f}",
+                label_of(pick["settings"]),
+                _fmt(value),
+                _fmt(_fraction(value, optimum), ".1%"),
+                _fmt(_fraction(value, grid_pick_value), ".1%"),
             ]
         )
     headers = [
@@ -372,17 +485,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pick found at s",
         "pick",
         "median samples/s",
-        "of grid optimum",
+        "of optimum",
+        "of grid's pick",
     ]
     print(markdown_table(headers, rows))
 
-    print(f"\n## {workload.name}: by strategy and budget\n")
+    print(f"\n## {name}: by strategy and budget\n")
     rows = []
     for strategy in strategies:
         for budget in budgets:
-            group = [p for p in picks if p.strategy == strategy and p.budget == budget]
-            fractions = [_fraction(median_of[p.label], grid_optimum) or 0.0 for p in group]
-            walls = [p.wall_s / grid_wall_s for p in group]
+            group = [p for p in picks if p["strategy"] == strategy and p["budget"] == budget]
+            if not group:
+                continue
+            fractions = [_fraction(median_of.get(p["label"]), optimum) or 0.0 for p in group]
+            walls = [p["wall_s"] / grid_wall_s for p in group]
             reached = sum(f >= GOAL_FRACTION for f in fractions)
             rows.append(
                 [
@@ -403,44 +519,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         "median wall / grid",
     ]
     print(markdown_table(headers, rows))
-    goal_picks = [p for p in picks if p.strategy == "tpe" and p.budget == GOAL_BUDGET]
+    goal_picks = [p for p in picks if p["strategy"] == "tpe" and p["budget"] == GOAL_BUDGET]
     if goal_picks:
         quality = all(
-            (_fraction(median_of[p.label], grid_optimum) or 0.0) >= GOAL_FRACTION
+            (_fraction(median_of.get(p["label"]), optimum) or 0.0) >= GOAL_FRACTION
             for p in goal_picks
         )
-        wall = all(p.wall_s / grid_wall_s <= GOAL_WALL_FRACTION for p in goal_picks)
+        wall = all(p["wall_s"] / grid_wall_s <= GOAL_WALL_FRACTION for p in goal_picks)
         print(
             f"\ngoal (tpe, {GOAL_BUDGET} trials: ≥ {GOAL_FRACTION:.0%} of the optimum in every"
             f" run, ≤ {GOAL_WALL_FRACTION:.0%} of the grid's wall):"
             f" quality {'met' if quality else 'not met'}, wall {'met' if wall else 'not met'}"
         )
 
-    print(f"\n## {workload.name}: against the baselines\n")
+    print(f"\n## {name}: against the baselines\n")
     rows = []
-    baseline_names = list(harness.baselines())
-    for label in [optimum_label, *[p.label for p in goal_picks]]:
-        row = [label, _fmt(median_of[label])]
-        for name in baseline_names:
-            row.append(_fmt(_fraction(median_of[label], median_of[name]), ".2f") + "x")
+    optimum_label = optimum_entry["labels"][0]
+    compared = [optimum_label, grid_pick, *[p["label"] for p in goal_picks]]
+    for label in dict.fromkeys(compared):
+        row = [label, label_of(entry_of[label]["settings"]), _fmt(median_of[label])]
+        for baseline in baselines:
+            row.append(_fmt(_fraction(median_of[label], median_of.get(baseline)), ".2f") + "x")
         rows.append(row)
-    for name in baseline_names:
-        rows.append([name, _fmt(median_of[name]), *["" for _ in baseline_names]])
-    print(markdown_table(["setting", "median samples/s", *baseline_names], rows))
-
-    print(f"\n## {workload.name}: pruning\n")
-    rows = []
-    for stats in pruning:
-        others = ", ".join(f"{n} {reason}" for reason, n in stats.pruned_other.items()) or "-"
+    for baseline in baselines:
         rows.append(
             [
-                stats.chain,
-                stats.trials,
-                stats.pruned_by_pruner,
+                baseline,
+                label_of(entry_of[baseline]["settings"]),
+                _fmt(median_of.get(baseline)),
+                *["" for _ in baselines],
+            ]
+        )
+    print(markdown_table(["setting", "", "median samples/s", *baselines], rows))
+
+    print(f"\n## {name}: pruning\n")
+    rows = []
+    for stats in results["pruning"]:
+        others = ", ".join(f"{n} {r}" for r, n in stats["pruned_other"].items()) or "-"
+        total = stats["trial_time_s"] + stats["saved_s"]
+        rows.append(
+            [
+                stats["chain"],
+                stats["trials"],
+                stats["pruned_by_pruner"],
                 others,
-                _fmt(stats.median_complete_s),
-                f"{stats.saved_s:.0f}",
-                f"{stats.saved_share:.1%}",
+                _fmt(stats["median_complete_s"]),
+                f"{stats['trial_time_s']:.0f}",
+                f"{stats['saved_s']:.0f}",
+                f"{stats['saved_s'] / total:.1%}" if total else "-",
             ]
         )
     headers = [
@@ -449,94 +575,77 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pruned by pruner",
         "other prunes",
         "median complete trial s",
+        "trial time s",
         "saved s",
-        "share of trial time saved",
+        "share saved",
     ]
     print(markdown_table(headers, rows))
-    best_pick = max(
-        (median_of[p.label] or 0.0 for p in picks if p.budget == budgets[-1]), default=0.0
-    )
-    for pruned in nearest:
-        again = median_of[f"pruned {pruned.label}"]
-        print(
-            f"nearest pruned: {pruned.label} {describe(pruned.settings, batch_param)}, best partial"
-            f" {pruned.best_intermediate:,.1f}, re-measured {_fmt(again)} samples/s"
-            f" ({_fmt(_fraction(again, best_pick), '.1%')} of the best final pick)"
-        )
+    last_picks = [p for p in picks if p["budget"] == budgets[-1]]
+    best_final = max((median_of.get(p["label"]) or 0.0 for p in last_picks), default=0.0)
+    print()
+    for label, value in median_of.items():
+        if label.startswith("pruned "):
+            print(
+                f"- re-measured pruned setting {label[len('pruned ') :]}:"
+                f" {label_of(entry_of[label]['settings'])}, {_fmt(value)} samples/s,"
+                f" {_fmt(_fraction(value, best_final), '.1%')} of the best final pick"
+            )
+    winners = {settings_key(LoaderSettings.from_attrs(optimum_entry["settings"])): "the optimum"}
+    for pick in picks:
+        key = settings_key(LoaderSettings.from_attrs(pick["settings"]))
+        winners.setdefault(key, f"the pick of {pick['label']}")
     cut = [
-        p.label
-        for stats in pruning
-        for p in stats.pruned
-        if settings_key(p.settings) == settings_key(measured[0].settings)
+        f"{pruned['label']} ({label_of(pruned['settings'])} = {winners[key]},"
+        f" best partial {pruned['best_intermediate']:,.0f})"
+        for stats in results["pruning"]
+        for pruned in stats["pruned"]
+        for key in [settings_key(LoaderSettings.from_attrs(pruned["settings"]))]
+        if key in winners
     ]
-    print(f"pruned trials with the grid's single-window best setting: {', '.join(cut) or 'none'}")
+    print("- pruned trials whose setting is the optimum or a pick at some budget:")
+    for line in cut or ["none"]:
+        print(f"  - {line}")
 
-    write_json(
-        folder / f"search-{workload.name}.json",
-        {
-            "machine": machine,
-            "workload": {"name": workload.name, "options": dict(workload.options)},
-            "window_s": args.window,
-            "warmup_s": args.warmup,
-            "rounds": args.rounds,
-            "grid": {
-                "wall_s": grid_wall_s,
-                "points": [
-                    {"settings": p.settings.to_attrs(), "samples_per_sec": p.samples_per_sec}
-                    for p in points
-                ],
-                "optimum_label": optimum_label,
-                "optimum_settings": pool_settings(pool, optimum_label),
-                "optimum_samples_per_sec": grid_optimum,
-            },
-            "picks": [
-                {
-                    "label": p.label,
-                    "strategy": p.strategy,
-                    "seed": p.seed,
-                    "budget": p.budget,
-                    "wall_s": p.wall_s,
-                    "found_after_s": p.found_after_s,
-                    "trial_number": p.trial_number,
-                    "settings": p.settings.to_attrs(),
-                    "median_samples_per_sec": median_of[p.label],
-                }
-                for p in picks
-            ],
-            "medians": median_of,
-            "side_by_side": [
-                {"labels": labels, "settings": s.to_attrs(), "samples_per_sec": runs}
-                for (s, labels), runs in zip(entries, values, strict=True)
-            ],
-            "pruning": [
-                {
-                    **{k: v for k, v in dataclasses.asdict(stats).items() if k != "pruned"},
-                    "saved_share": stats.saved_share,
-                    "pruned": [
-                        {
-                            "label": p.label,
-                            "settings": p.settings.to_attrs(),
-                            "best_intermediate": p.best_intermediate,
-                            "duration_s": p.duration_s,
-                        }
-                        for p in stats.pruned
-                    ],
-                }
-                for stats in pruning
-            ],
-        },
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.search",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    print(f"\nresults: {folder / f'search-{workload.name}.json'}")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="image")
+    parser.add_argument("--budgets", default="10,20,40", help="trial budgets (default 10,20,40)")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per strategy (default 2)")
+    parser.add_argument("--strategies", default="tpe,random", help="default tpe,random")
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, help="seconds (1.5)")
+    parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, help="seconds (0.5)")
+    parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (default 3)")
+    parser.add_argument("--grid-top", type=int, default=3, help="grid settings re-measured (3)")
+    parser.add_argument(
+        "--pruned-check", type=int, default=2, help="nearest pruned settings re-measured (2)"
+    )
+    parser.add_argument("--out", help="folder for the studies and results JSON")
+    parser.add_argument("--report", metavar="JSON", help="print the tables of saved results only")
+    args = parser.parse_args(argv)
+    if args.report:
+        report(json.loads(Path(args.report).read_text()))
+        return 0
+    budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+    if not budgets or not all(b.isdigit() and int(b) > 0 for b in budgets):
+        parser.error("--budgets takes positive integers, e.g. 10,20,40")
+    if args.seeds < 1 or args.rounds < 1:
+        parser.error("--seeds and --rounds must be positive")
+    for strategy in args.strategies.split(","):
+        if strategy.strip() not in ("tpe", "random"):
+            parser.error(f"--strategies: {strategy!r} is not tpe or random")
+
+    folder = output_dir(args.out, f"search-{args.workload}")
+    results = measure(args, folder)
+    path = folder / f"search-{args.workload}.json"
+    write_json(path, results)
+    report(results)
+    print(f"\nresults: {path}")
     return 0
-
-
-def pool_settings(
-    pool: dict[str, tuple[LoaderSettings, list[str]]], label: str
-) -> dict[str, Any] | None:
-    for settings, labels in pool.values():
-        if label in labels:
-            return settings.to_attrs()
-    return None
 
 
 if __name__ == "__main__":
