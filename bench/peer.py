@@ -151,7 +151,7 @@ def tuner_picks(
                 f"tuner (tpe seed {p['seed']})",
                 LoaderSettings.from_attrs(p["settings"]),
                 float(p["wall_s"]),
-                n_trials,
+                int(p.get("trials", n_trials)),  # fewer when the study stopped on its own
             )
             for p in results["picks"]
             if p["strategy"] == "tpe" and p["budget"] == n_trials

@@ -34,7 +34,7 @@ from bench._harness import (
     print_machine,
     write_json,
 )
-from tuner._settings import LoaderSettings
+from bench.search import grid_optimum
 
 GOAL_CV = 0.05
 GOAL_AGREEMENT = 0.05
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     space = harnesses[args.long].prepared.space
     if args.from_search:
         results = json.loads((Path(args.from_search) / f"search-{workload.name}.json").read_text())
-        settings = LoaderSettings.from_attrs(results["grid"]["optimum_settings"])
+        settings = grid_optimum(results)
         source = f"the grid optimum of {args.from_search}"
     else:
         settings = workload.typical(space)

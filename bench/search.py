@@ -114,11 +114,6 @@ class PruningStats:
     saved_s: float
     pruned: list[PrunedTrial]
 
-    @property
-    def saved_share(self) -> float:
-        total = self.trial_time_s + self.saved_s
-        return self.saved_s / total if total else 0.0
-
 
 def measure_grid(harness: Harness, grid: list[LoaderSettings]) -> tuple[list[GridPoint], float]:
     """Every grid setting once; returns the points and the grid's wall time."""
@@ -386,6 +381,24 @@ def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     }
 
 
+def grid_entries(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The side-by-side entries whose setting is a grid point (and that completed)."""
+    points = results["grid"]["points"]
+    grid_keys = {settings_key(LoaderSettings.from_attrs(p["settings"])) for p in points}
+    return [
+        entry
+        for entry in results["side_by_side"]
+        if settings_key(LoaderSettings.from_attrs(entry["settings"])) in grid_keys
+        and entry["samples_per_sec"]
+    ]
+
+
+def grid_optimum(results: dict[str, Any]) -> LoaderSettings:
+    """The best grid setting as re-measured side by side: the optimum the picks are judged by."""
+    best = max(grid_entries(results), key=lambda e: median_or_none(e["samples_per_sec"]) or 0.0)
+    return LoaderSettings.from_attrs(best["settings"])
+
+
 def report(results: dict[str, Any]) -> None:
     """Print the tables of one run's results (as written by :func:`measure`)."""
     name = results["workload"]["name"]
@@ -408,13 +421,7 @@ def report(results: dict[str, Any]) -> None:
         for label in entry["labels"]:
             median_of[label] = median_or_none(entry["samples_per_sec"])
             entry_of[label] = entry
-    grid_keys = {settings_key(LoaderSettings.from_attrs(p["settings"])) for p in grid["points"]}
-    in_grid = [
-        entry
-        for entry in results["side_by_side"]
-        if settings_key(LoaderSettings.from_attrs(entry["settings"])) in grid_keys
-        and entry["samples_per_sec"]
-    ]
+    in_grid = grid_entries(results)
     optimum_entry = max(in_grid, key=lambda e: median_or_none(e["samples_per_sec"]) or 0.0)
     optimum = median_or_none(optimum_entry["samples_per_sec"])
     grid_ranked = [label for label in median_of if label.startswith("grid #")]
