@@ -9,6 +9,11 @@ One setting (the grid's re-measured optimum from ``bench.search``'s results with
 a trial, ``--repeats`` times at each short window (interleaved: 1.5 s, 3 s, 1.5 s, 3 s, ...),
 then once over a ``--long`` window (60 s). Goals: coefficient of variation (sample standard
 deviation over mean) at most 5%; the median of the short windows within 5% of the long run.
+
+Beside each short window it measures the machine's own floor: a fixed single-threaded matrix
+product loop over a window of the same length, right after the setting's. No DataLoader is
+involved, so its CV is the variation the machine itself puts into any measurement that long
+(on a shared VM: neighbours and frequency changes), below which no setting's CV can go.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from bench._harness import (
@@ -42,6 +49,25 @@ GOAL_AGREEMENT = 0.05
 
 def _verdict(value: float, goal: float) -> str:
     return "ok" if value <= goal else f"over {goal:.0%}"
+
+
+def machine_floor(window_s: float) -> float:
+    """Products per second of a 256x256 float matrix product on one thread over ``window_s``."""
+    matrix = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        count, started = 0, time.perf_counter()
+        while time.perf_counter() - started < window_s:
+            matrix @ matrix
+            count += 1
+        return count / (time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cv(values: Sequence[float]) -> float:
+    return statistics.stdev(values) / statistics.mean(values)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,12 +110,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     harnesses[windows[0]].measure(settings)  # forkserver start and data caches: unmeasured
     short: dict[float, list[float]] = {window: [] for window in windows}
+    floor: dict[float, list[float]] = {window: [] for window in windows}
     with tqdm(total=args.repeats * len(windows), file=sys.stderr, leave=False) as bar:
         for _ in range(args.repeats):
             for window in windows:
                 value = harnesses[window].measure(settings)
                 if value is not None:
                     short[window].append(value)
+                floor[window].append(machine_floor(window))
                 bar.update()
     print(f"long run: {args.long:g} s", file=sys.stderr, flush=True)
     long_value = harnesses[args.long].measure(settings)
@@ -97,10 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for window, values in short.items():
         if len(values) < 2:
-            rows.append([f"{window:g}", len(values), "-", "-", "-", "-", "-"])
+            rows.append([f"{window:g}", len(values), "-", "-", "-", "-", "-", "-"])
             continue
-        mean = statistics.mean(values)
-        cv = statistics.stdev(values) / mean
+        cv = _cv(values)
         median = statistics.median(values)
         agreement = median / long_value - 1 if long_value else None
         rows.append(
@@ -110,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{median:,.1f}",
                 f"{min(values):,.1f} – {max(values):,.1f}",
                 f"{cv:.1%} ({_verdict(cv, GOAL_CV)})",
+                f"{_cv(floor[window]):.1%}",
                 "-" if long_value is None else f"{long_value:,.1f}",
                 "-"
                 if agreement is None
@@ -123,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "median samples/s",
         "range",
         "CV",
+        "machine floor CV",
         f"{args.long:g} s run",
         "median vs long run",
     ]
@@ -135,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "settings": settings.to_attrs(),
             "warmup_s": args.warmup,
             "short": {f"{w:g}": v for w, v in short.items()},
+            "machine_floor": {f"{w:g}": v for w, v in floor.items()},
             "long_window_s": args.long,
             "long_samples_per_sec": long_value,
         },

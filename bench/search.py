@@ -8,9 +8,8 @@
    search costs on this machine.
 2. The tuner: ``run_study`` as the CLI runs it (default strategy ``tpe`` and plain ``random``),
    one SQLite file per strategy and seed so no study warm-starts another. The budgets are
-   reached by resuming the same study (10, then +10, then +20 trials), each stage with a fresh
-   sampler seed so it does not replay the first stage's draws: the wall time for budget B counts
-   the trial phases up to B plus B's own setup share and final re-measurement (the earlier
+   reached by resuming the same study (10, then +10, then +20 trials): the wall time for budget B
+   counts the trial phases up to B plus B's own setup share and final re-measurement (the earlier
    stages' re-measurements would not have happened in a straight run of B trials). The tuner's
    pick at each budget is what ``tuner.best`` would return then: the re-measured winner. A
    study that stops on its own (its best near the ceiling) keeps its pick for larger budgets.
@@ -141,9 +140,8 @@ def run_chain(
 ) -> tuple[list[Pick], optuna.Study]:
     """One study resumed up to each budget in turn; the pick and its equivalent wall per budget.
 
-    Each stage seeds its sampler afresh (``seed + 1000 * stage``): a resumed sampler given the
-    same seed would replay the draws of the first stage (the random sampler exactly, TPE in its
-    random start and candidates), which a straight run of the larger budget would not.
+    Every stage passes the same ``--seed``: the tuner moves a resumed study's seed on by the
+    trials it holds, so a stage does not replay the draws of the first.
     """
     storage = f"sqlite:///{folder / f'{workload.name}-{strategy}-seed{seed}.db'}"
     picks: list[Pick] = []
@@ -159,7 +157,7 @@ def run_chain(
             warmup_s,
             study_name=f"{workload.name}-{strategy}-seed{seed}",
             n_trials=budget - finished,
-            seed=seed + 1000 * stage,
+            seed=seed,
             sampler=strategy,
         )
         timed = run_timed_study(config)
@@ -626,7 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strategies", default="tpe,random", help="default tpe,random")
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, help="seconds (1.5)")
     parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, help="seconds (0.5)")
-    parser.add_argument("--rounds", type=int, default=3, help="side-by-side rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="side-by-side rounds (default 5)")
     parser.add_argument("--grid-top", type=int, default=3, help="grid settings re-measured (3)")
     parser.add_argument(
         "--pruned-check", type=int, default=2, help="nearest pruned settings re-measured (2)"

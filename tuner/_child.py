@@ -84,7 +84,16 @@ def _probe(conn: Connection, job: dict[str, Any]) -> None:
     device = torch.device(job["device"])
     for batch in job["batches"]:
         settings = LoaderSettings.from_attrs({**base.to_attrs(), "batch": batch})
-        measure(workload, settings, device, window_s=0.0, warmup_s=0.0, seed=job.get("seed", 0))
+        # Two steps: the second runs with the optimizer's state, the steady memory peak.
+        measure(
+            workload,
+            settings,
+            device,
+            window_s=0.0,
+            warmup_s=0.0,
+            seed=job.get("seed", 0),
+            min_warmup_batches=1,
+        )
         synchronize(device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -102,6 +111,7 @@ def _ceiling(conn: Connection, job: dict[str, Any]) -> None:
         window_s=job["window_s"],
         warmup_s=job["warmup_s"],
         batches=job.get("batches"),
+        threads=job.get("threads"),
         seed=job.get("seed", 0),
     )
     conn.send({"kind": "result", "attrs": {CEILING_ATTR: rate}})

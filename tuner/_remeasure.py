@@ -1,8 +1,10 @@
-"""Re-measuring the top candidates and the baselines side by side, so one lucky window does
-not win: interleaved rounds (A B C A B C ...) of the same measurement, medians recorded.
+"""Re-measuring candidates side by side, so one lucky window does not win: interleaved rounds
+(A B C A B C ...) of the same measurement, medians recorded.
 
-The best is the candidate whose slowest round is fastest. Finished trials are immutable in
-Optuna, so the medians live in the study's user attrs
+Only fresh rounds count: a candidate's own trial window is where it was picked for being fast,
+so it is biased upwards, where a baseline's is not. The best is the candidate whose slowest
+round is fastest. Finished trials
+are immutable in Optuna, so the medians live in the study's user attrs
 (``remeasured_samples_per_sec``: trial number -> median) with ``best_trial_number``; the merge
 runs under the study lock so concurrent workers of a fleet do not overwrite each other's.
 """
@@ -10,10 +12,11 @@ runs under the study lock so concurrent workers of a fleet do not overwrite each
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
 from storage import storage_lock, with_retry
@@ -21,14 +24,16 @@ from tuner._naming import REMEASURED_ATTR
 from tuner._settings import LoaderSettings
 from tuner._trial import TrialRunner
 
-__all__ = ["remeasure"]
+__all__ = ["final_candidates", "remeasure"]
 
 
-def _candidates(study: optuna.Study, top: int) -> list[optuna.trial.FrozenTrial]:
-    """The ``top`` best distinct settings, and every baseline."""
+def final_candidates(study: optuna.Study, top: int) -> list[FrozenTrial]:
+    """The ``top`` best distinct settings, and every baseline (for the speedups)."""
+    if top <= 0:
+        return []
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     ranked = sorted(complete, key=lambda t: t.value or 0.0, reverse=True)
-    chosen: list[optuna.trial.FrozenTrial] = []
+    chosen: list[FrozenTrial] = []
     seen: list[dict[str, Any]] = []
     for trial in ranked:
         settings = trial.user_attrs.get("settings")
@@ -44,41 +49,43 @@ def _candidates(study: optuna.Study, top: int) -> list[optuna.trial.FrozenTrial]
 def remeasure(
     study: optuna.Study,
     runner: TrialRunner,
-    top: int,
+    trials: Sequence[FrozenTrial],
     rounds: int,
     storage_url: str,
     out: TextIO,
     progress: bool = True,
 ) -> dict[int, float]:
-    """Re-measure and record; returns trial number -> median samples/sec."""
-    if top <= 0 or rounds <= 0:
+    """Re-measure ``trials`` (complete ones) and record; returns trial number -> median."""
+    if rounds <= 0 or not trials:
         return {}
-    chosen = _candidates(study, top)
-    if not chosen:
-        return {}
-    runs: dict[int, list[float]] = {trial.number: [] for trial in chosen}
+    runs: dict[int, list[float]] = {trial.number: [] for trial in trials}
     with tqdm(
-        total=len(chosen) * rounds, desc="re-measuring", file=out, disable=not progress, leave=False
+        total=len(trials) * rounds,
+        desc="re-measuring",
+        file=out,
+        disable=not progress,
+        leave=False,
     ) as bar:
         for _ in range(rounds):
-            for trial in chosen:
+            for trial in trials:
                 outcome = runner.measure(LoaderSettings.from_attrs(trial.user_attrs["settings"]))
                 if outcome.state == "complete":
                     runs[trial.number].append(float(outcome.attrs["samples_per_sec"]))
                 bar.update()
     medians = {number: statistics.median(values) for number, values in runs.items() if values}
-    if medians:
-        # The winner is the one whose slowest round is fastest: a setting that is quick only
-        # while the machine is quiet (seen here with 2 intra-op threads on 2 busy cores: rounds
-        # of 63, 312 and 784 samples/s) is a poor pick for a training run that shares it.
-        best_number = max(medians, key=lambda n: (min(runs[n]), medians[n]))
+    if not medians:
+        return {}
+    # The winner is the one whose slowest round is fastest: a setting that is quick only
+    # while the machine is quiet (seen here with 2 intra-op threads on 2 busy cores: rounds
+    # of 63, 312 and 784 samples/s) is a poor pick for a training run that shares it.
+    best_number = max(medians, key=lambda n: (min(runs[n]), medians[n]))
 
-        def record() -> None:
-            with storage_lock(storage_url, study.study_name):
-                stored = dict(study.user_attrs.get(REMEASURED_ATTR, {}))
-                stored.update({str(n): v for n, v in medians.items()})
-                study.set_user_attr(REMEASURED_ATTR, stored)
-                study.set_user_attr("best_trial_number", best_number)
+    def record() -> None:
+        with storage_lock(storage_url, study.study_name):
+            stored = dict(study.user_attrs.get(REMEASURED_ATTR, {}))
+            stored.update({str(n): v for n, v in medians.items()})
+            study.set_user_attr(REMEASURED_ATTR, stored)
+            study.set_user_attr("best_trial_number", best_number)
 
-        with_retry(record, "recording re-measurements")
+    with_retry(record, "recording re-measurements")
     return medians

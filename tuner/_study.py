@@ -28,16 +28,17 @@ from storage import mask_url, open_storage, storage_lock, with_retry
 from tuner import __version__, _hardware
 from tuner._artifacts import open_artifact_store
 from tuner._baselines import enqueue_baselines
-from tuner._ceiling import CEILING_ATTR, ceiling_stop_message
+from tuner._ceiling import CEILING_ATTR, ceiling_stop_message, near_ceiling
 from tuner._gpu import GpuReader, open_gpu_reader
 from tuner._guard import GuardLimits, MemoryGuard, default_limits
 from tuner._heartbeat import heartbeat
 from tuner._naming import METRIC_NAME, study_name
 from tuner._note import save_study_note
 from tuner._probe import probe_max_batch
-from tuner._remeasure import remeasure
+from tuner._pruner import BelowBestPruner
+from tuner._remeasure import final_candidates, remeasure
 from tuner._space import SearchSpace, SpaceError
-from tuner._summary import print_summary
+from tuner._summary import print_summary, remeasured
 from tuner._supervisor import Supervisor
 from tuner._trial import SearchSpaceChanged, TrialRunner
 from tuner._warm_start import enqueue_warm_start
@@ -76,7 +77,7 @@ class StudyConfig:
     gpu_memory_limit: str | None = None
     probe_batch: bool = True
     remeasure_top: int = 3
-    remeasure_rounds: int = 3
+    remeasure_rounds: int = 2
     multiprocessing_context: str | None = None
     heartbeat_interval: int = 10
     grace_period: int | None = None
@@ -233,13 +234,19 @@ def _probe(prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor)
         deadline_s = _trial_deadline(prepared.config) * 2
         return probe_max_batch(supervisor, job, settings, batches, deadline_s=deadline_s)
 
-    # Double from the batch the user trains with, as Lightning's finder does; only if even that
-    # does not fit, look below it.
+    # The largest first: on a roomy machine it fits, and one run settles the probe. Else double
+    # from the batch the user trains with, as Lightning's finder does; only if even that does
+    # not fit, look below it.
+    largest, reason = probe(candidates[-1:])
     default = space.clamp_batch(prepared.workload.default_batch_size)
-    largest, reason = probe([b for b in candidates if b >= default])
-    if largest is None:
-        below, below_reason = probe([b for b in candidates if b < default])
-        largest, reason = below, below_reason or reason
+    for batches in (
+        [b for b in candidates[:-1] if b >= default],
+        [b for b in candidates if b < default],
+    ):
+        if largest is not None:
+            break
+        largest, next_reason = probe(batches)
+        reason = next_reason or reason
     if largest is None:
         raise ConfigError(
             f"even batch {candidates[0]} does not fit under the memory limits ({reason}); "
@@ -258,31 +265,34 @@ def _ceiling(prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner) 
     if CEILING_ATTR in study.user_attrs:
         return float(study.user_attrs[CEILING_ATTR])
     space, config = prepared.space, prepared.config
-    batches = space.batch_choices()[-3:]
-    rates = []
-    # The intra-op thread count changes the step's own speed (a lot, on some machines).
-    for threads in sorted({1, space.max_threads}):
-        settings = space.settings(
-            0, batches[-1], None, False, False, threads, prepared.workload.default_knobs
-        )
-        job = {
-            **runner.job(settings),
-            "mode": "ceiling",
-            "batches": batches,
-            "window_s": min(config.trial_seconds, 1.5),
-            "warmup_s": min(config.warmup_seconds, 0.5),
-        }
-        outcome = runner.supervisor.run(job, _trial_deadline(config) * 2)
-        if outcome.state != "complete":
-            _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
-            return None
-        rates.append(float(outcome.attrs[CEILING_ATTR]))
+    batches = space.batch_choices()
+    settings = space.settings(
+        0, batches[-1], None, False, False, 1, prepared.workload.default_knobs
+    )
+    job = {
+        **runner.job(settings),
+        "mode": "ceiling",
+        "batches": batches,
+        "threads": sorted({1, space.max_threads}),
+        # Short windows over every batch size: the ceiling is their maximum, so a reading
+        # disturbed downwards rarely decides it, and a window this long holds several steps.
+        "window_s": min(config.trial_seconds, CEILING_WINDOW_S),
+        "warmup_s": min(config.warmup_seconds, CEILING_WINDOW_S / 2),
+    }
+    outcome = runner.supervisor.run(job, _trial_deadline(config) * 2)
+    if outcome.state != "complete":
+        _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
+        return None
+    ceiling = float(outcome.attrs[CEILING_ATTR])
     with storage_lock(prepared.config.storage, prepared.study_name):
         attrs = study.user_attrs  # a fresh read: another worker may have measured it meanwhile
         if CEILING_ATTR in attrs:
             return float(attrs[CEILING_ATTR])
-        study.set_user_attr(CEILING_ATTR, max(rates))
-    return max(rates)
+        study.set_user_attr(CEILING_ATTR, ceiling)
+    return ceiling
+
+
+CEILING_WINDOW_S = 0.3
 
 
 def _trial_deadline(config: StudyConfig) -> float:
@@ -340,20 +350,21 @@ def _ask(study: optuna.Study, prepared: PreparedStudy) -> optuna.Trial | str | N
         return study.ask()
 
 
-def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:
+N_STARTUP_TRIALS = 6
+"""TPE's random start; with the two baselines, the trials before the study may stop early."""
+
+
+def _sampler(config: StudyConfig, trials_before: int) -> optuna.samplers.BaseSampler:
+    # A resumed run with the same --seed would replay the first run's draws (the random sampler
+    # exactly, TPE in its start and candidates): the seed moves on with the study.
+    seed = None if config.seed is None else config.seed + trials_before
     if config.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=config.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # group=True: the space is conditional (prefetch only with workers); constant_liar (on by
         # default in Optuna 5) keeps concurrent workers of a fleet from sampling the same point.
-        return optuna.samplers.TPESampler(seed=config.seed, group=True, n_startup_trials=6)
-
-
-def _pruner() -> optuna.pruners.BasePruner:
-    # Stop only clearly slow trials: below the 25th percentile of earlier ones at the same step,
-    # after a few reports so the warm-up noise has settled.
-    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=2)
+        return optuna.samplers.TPESampler(seed=seed, group=True, n_startup_trials=N_STARTUP_TRIALS)
 
 
 @dataclasses.dataclass
@@ -393,11 +404,12 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
             sources = enqueue_warm_start(study, config.objective, prepared.profile, prepared.space)
             if sources:
                 print(f"warm start from {', '.join(sources)}", file=out)
+    trials_before = len(study.get_trials(deepcopy=False))
     study = optuna.load_study(
         study_name=prepared.study_name,
         storage=prepared.storage,
-        sampler=_sampler(config),
-        pruner=_pruner(),
+        sampler=_sampler(config, trials_before),
+        pruner=BelowBestPruner(),
     )
     started = time.monotonic()
     trials_run = 0
@@ -441,7 +453,7 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
                 _postfix(study, trial.number, outcome.state, outcome.reason), refresh=False
             )
             bar.update()
-            stop = with_retry(lambda: ceiling_stop_message(study), "reading the best")
+            stop = _stop_near_ceiling(study, runner, config)
             if stop is not None:
                 bar.close()
                 print(stop, file=out)
@@ -451,7 +463,7 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
     medians = remeasure(
         study,
         runner,
-        config.remeasure_top,
+        final_candidates(study, config.remeasure_top),
         config.remeasure_rounds,
         config.storage,
         out,
@@ -461,6 +473,20 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
     with storage_lock(config.storage, prepared.study_name):
         with_retry(lambda: save_study_note(study), "writing the study note")
     return StudyResult(study, trials_run, best, medians)
+
+
+def _stop_near_ceiling(study: optuna.Study, runner: TrialRunner, config: StudyConfig) -> str | None:
+    """The early-stop message once a re-measured best is within 2% of the ceiling, else None.
+
+    A best whose single window comes that near is re-measured first (two fresh rounds): the
+    stop is final, and one disturbed window must not decide it.
+    """
+    min_trials = 2 + N_STARTUP_TRIALS
+    candidate = with_retry(lambda: near_ceiling(study, min_trials), "reading the best")
+    if candidate is not None and candidate.number not in remeasured(study):
+        rounds = max(2, config.remeasure_rounds)
+        remeasure(study, runner, [candidate], rounds, config.storage, sys.stderr, False)
+    return with_retry(lambda: ceiling_stop_message(study, min_trials), "reading the best")
 
 
 def _postfix(study: optuna.Study, number: int, state: str, reason: str | None) -> str:

@@ -28,7 +28,7 @@ from tuner._space import SearchSpace
 from tuner._supervisor import Supervisor
 from tuner._telemetry import TelemetrySampler, collect_trial_telemetry
 
-__all__ = ["SearchSpaceChanged", "TrialRunner", "memory_walls"]
+__all__ = ["SearchSpaceChanged", "TrialRunner", "measured_twin", "memory_walls"]
 
 _log = logging.getLogger("tuner.trial")
 
@@ -51,6 +51,48 @@ def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, Load
             if settings is not None:
                 walls.append((trial.number, LoaderSettings.from_attrs(settings)))
     return walls
+
+
+REPEAT_ATTRS_SKIPPED = ("settings", "machine", "baseline", "warm_start_from", "repeat_of")
+"""What a repeat does not copy from its twin: who ran it and why, rather than what was measured."""
+
+
+def measured_twin(
+    trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings
+) -> optuna.trial.FrozenTrial | None:
+    """An earlier trial of exactly ``settings`` that completed, or that the pruner stopped.
+
+    Samplers propose a setting again once they close in on it; measuring it again would spend a
+    whole trial on a number the study already holds. Trials that failed or timed out are not
+    twins: their cause may have passed.
+    """
+    wanted = settings.to_attrs()
+    for trial in trials:
+        if trial.user_attrs.get("settings") != wanted:
+            continue
+        if trial.state == TrialState.COMPLETE or (
+            trial.state == TrialState.PRUNED and trial.user_attrs.get("pruned_reason") == "pruner"
+        ):
+            return trial
+    return None
+
+
+def _answer_from_storage(
+    trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings
+) -> TrialOutcome | None:
+    """The outcome of ``settings`` known without running it: beyond a memory wall, or a repeat."""
+    for wall_number, wall in memory_walls(trials):
+        if settings.dominates(wall):
+            return TrialOutcome("pruned", {"dominated_by": wall_number}, reason="memory_wall")
+    twin = measured_twin(trials, settings)
+    if twin is None:
+        return None
+    attrs = {k: v for k, v in twin.user_attrs.items() if k not in REPEAT_ATTRS_SKIPPED}
+    attrs["repeat_of"] = twin.number
+    if twin.state == TrialState.COMPLETE:
+        return TrialOutcome("complete", {**attrs, "samples_per_sec": twin.value})
+    attrs.pop("pruned_reason", None)
+    return TrialOutcome("pruned", attrs, reason="pruner")
 
 
 @dataclasses.dataclass
@@ -108,14 +150,12 @@ class TrialRunner:
             settings = with_retry(lambda: self.settings_for(trial), "sampling a trial")
         except ValueError as error:  # "Cannot set different distribution kind ..." and kin
             raise SearchSpaceChanged(str(error)) from None
-        walls = memory_walls(with_retry(lambda: study.get_trials(deepcopy=False), "reading trials"))
-        for wall_number, wall in walls:
-            if settings.dominates(wall) and "baseline" not in trial.user_attrs:
-                outcome = TrialOutcome(
-                    "pruned", {"dominated_by": wall_number}, reason="memory_wall"
-                )
-                self._finish(study, trial, settings, outcome)
-                return outcome
+        trials = with_retry(lambda: study.get_trials(deepcopy=False), "reading trials")
+        if "baseline" not in trial.user_attrs:
+            answered = _answer_from_storage(trials, settings)
+            if answered is not None:
+                self._finish(study, trial, settings, answered)
+                return answered
         step = 0
 
         def on_progress(elapsed_s: float, samples_per_sec: float) -> bool:

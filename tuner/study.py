@@ -80,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
         default=3,
         help="re-measure this many best settings at the end (0: none)",
     )
-    run.add_argument("--remeasure-rounds", type=int, default=3)
+    run.add_argument("--remeasure-rounds", type=int, default=2)
     run.add_argument(
         "--artifact-dir",
         default=None,

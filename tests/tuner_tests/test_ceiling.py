@@ -2,7 +2,8 @@
 
 ``compute_bound`` is a workload whose loader is trivially fast (a batch is a view of a prebuilt
 tensor) and whose step takes 50 ms without using a CPU, as a GPU-bound step does: every
-DataLoader setting reaches the ceiling, so a study of it should stop after its first trials.
+DataLoader setting reaches the ceiling, so a study of it should stop once the baselines and the
+sampler's random start are done and its best has been re-measured.
 """
 
 from __future__ import annotations
@@ -18,9 +19,17 @@ from torch.utils.data import Dataset
 from objectives import Workload
 from tests.conftest import run_cli
 from tests.tuner_tests.workloads import fast
-from tuner._ceiling import CEILING_ATTR, ceiling_stop_message, efficiency, measure_ceiling
+from tuner._ceiling import (
+    CEILING_ATTR,
+    ceiling_stop_message,
+    efficiency,
+    measure_ceiling,
+    near_ceiling,
+)
 from tuner._measure import measure
+from tuner._naming import REMEASURED_ATTR
 from tuner._settings import LoaderSettings
+from tuner._study import N_STARTUP_TRIALS
 
 STEP_S = 0.05
 BATCH = 64
@@ -108,11 +117,59 @@ def _study_with_one_measured_trial(url: str, workload: Workload, batch: int) -> 
     return study
 
 
-def test_a_best_near_the_ceiling_stops_the_study(sqlite_url: str) -> None:
+def test_the_ceiling_is_the_best_over_the_thread_counts_tried() -> None:
+    workload = fast()
+    settings = LoaderSettings(batch=64, num_workers=0, torch_num_threads=1)
+    rate = measure_ceiling(workload, settings, CPU, window_s=0.2, warmup_s=0.0, threads=[1, 2])
+    assert rate > 0 and torch.get_num_threads() == 2  # both were tried, the last one stays set
+
+
+def test_the_climb_stops_at_a_batch_size_far_slower_than_the_best() -> None:
+    class Cliff:
+        """A step that takes 1 ms per batch up to 64 samples and 0.5 s beyond: the cliff."""
+
+        def __call__(self, batch: torch.Tensor) -> None:
+            time.sleep(0.001 if len(batch) <= 64 else 0.5)
+
+        def optimizer_step(self) -> None:
+            pass
+
+    workload = Workload(
+        name="cliff",
+        dataset=Prebuilt(),
+        make_step=lambda device: Cliff(),
+        collate_fn=_as_is,
+        default_batch_size=BATCH,
+        batch_size_range=(8, 4096),
+    )
+    settings = LoaderSettings(batch=8, num_workers=0, torch_num_threads=1)
+    started = time.perf_counter()
+    rate = measure_ceiling(
+        workload, settings, CPU, 0.1, 0.0, batches=[4096, 2048, 1024, 128, 64, 8]
+    )
+    assert rate > 64 / 0.002  # the best is below the cliff, found smallest first
+    # 128 fell off the cliff (a warm-up step and two measured ones, 1.5 s), so 1024 and above
+    # (1.5 s more each) were never tried.
+    assert time.perf_counter() - started < 2.9
+
+
+def test_a_best_near_the_ceiling_stops_the_study_once_re_measured(sqlite_url: str) -> None:
     study = _study_with_one_measured_trial(sqlite_url, compute_bound(), BATCH)
+    assert near_ceiling(study, fraction=0.95) is not None
+    assert ceiling_stop_message(study, fraction=0.95) is None  # one window decides nothing
+    settings = LoaderSettings.from_attrs(study.trials[0].user_attrs["settings"])
+    again = measure(compute_bound(), settings, CPU, window_s=0.4, warmup_s=0.05)
+    study.set_user_attr(REMEASURED_ATTR, {"0": again.samples_per_sec})
     message = ceiling_stop_message(study, fraction=0.95)
     assert message is not None and message.startswith("stopping early: trial 0")
-    assert "of the ceiling" in message
+    assert "re-measured" in message and "of the ceiling" in message
+
+
+def test_no_stop_before_the_first_trials_are_done(sqlite_url: str) -> None:
+    study = _study_with_one_measured_trial(sqlite_url, compute_bound(), BATCH)
+    study.set_user_attr(REMEASURED_ATTR, {"0": study.trials[0].value})
+    assert ceiling_stop_message(study, min_trials=2, fraction=0.95) is None
+    assert ceiling_stop_message(study, min_trials=1, fraction=0.95) is not None
 
 
 def test_a_best_far_from_the_ceiling_goes_on(sqlite_url: str) -> None:
@@ -131,7 +188,7 @@ def test_a_study_of_a_compute_bound_workload_stops_early(sqlite_url: str) -> Non
         "--objective",
         "tests.tuner_tests.test_ceiling:compute_bound",
         "--n-trials",
-        "5",
+        "14",
         "--trial-seconds",
         "0.5",
         "--warmup-seconds",
@@ -151,5 +208,7 @@ def test_a_study_of_a_compute_bound_workload_stops_early(sqlite_url: str) -> Non
     ceiling = study.user_attrs[CEILING_ATTR]
     assert 0.8 * BATCH / STEP_S < ceiling <= BATCH / STEP_S
     trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
-    assert 0 < len(trials) < 5
+    # Not before the baselines and the random start, and on a re-measured best.
+    assert 2 + N_STARTUP_TRIALS <= len(study.trials) < 14
     assert all(trial.user_attrs["efficiency"] > 0.5 for trial in trials)
+    assert study.user_attrs[REMEASURED_ATTR]

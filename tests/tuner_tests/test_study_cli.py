@@ -50,8 +50,11 @@ def test_study_records_what_it_measured(tuned: Path) -> None:
     assert {"workload", "tuner_version", "max_batch_size"} <= set(study.user_attrs)
     assert len(study.trials) == 6
     for trial in study.trials:
-        assert trial.state == optuna.trial.TrialState.COMPLETE, trial.user_attrs
         attrs = trial.user_attrs
+        if trial.state == optuna.trial.TrialState.PRUNED:  # clearly slower than the best
+            assert attrs["pruned_reason"] == "pruner" and attrs["partial_samples_per_sec"] > 0
+            continue
+        assert trial.state == optuna.trial.TrialState.COMPLETE, attrs
         assert attrs["samples_per_sec"] == pytest.approx(trial.value)
         assert attrs["batches"] > 0 and attrs["device"] == "cpu"
         assert 0.0 <= attrs["data_wait_fraction"] <= 1.0 and attrs["time_to_first_batch_s"] > 0
@@ -252,3 +255,22 @@ def test_effective_batch_sets_accumulation(tmp_path: Path) -> None:
     for trial in _study(db).trials:
         settings = trial.user_attrs["settings"]
         assert settings["batch"] * settings["accumulation_steps"] == 64
+
+
+def test_a_setting_measured_before_is_answered_from_the_study(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    fixed = ["--fix", "num_workers=0", "--fix", "batch_size=32", "--fix", "torch_num_threads=1"]
+    result = study_cli(
+        f"sqlite:///{db}", FAST, "--n-trials", "5", *fixed, "--remeasure-top", "0", *QUICK
+    )
+    assert result.returncode == 0, result.stderr
+    baselines, (first, *repeats) = _study(db).trials[:2], _study(db).trials[2:]
+    assert all("baseline" in trial.user_attrs for trial in baselines)
+    assert "repeat_of" not in first.user_attrs
+    assert len(repeats) == 2
+    for repeat in repeats:
+        # Every trial after the first sampled one is the same setting: nothing is run again.
+        assert repeat.user_attrs["repeat_of"] == first.number
+        assert repeat.state == first.state and repeat.value == first.value
+        assert repeat.user_attrs["settings"] == first.user_attrs["settings"]
+        assert repeat.duration is not None and repeat.duration.total_seconds() < 1.0
