@@ -1,0 +1,33 @@
+"""The measurement loop: what samples/sec counts, for plain and batch-sampler loaders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from objectives import text_workload
+from tests.tuner_tests.workloads import fast
+from tuner._measure import epoch_mean_batch, measure
+from tuner._settings import LoaderSettings
+
+CPU = torch.device("cpu")
+SMALL_TEXT = {"sequences": 300, "vocab_size": 64, "max_length": 96}
+
+
+def test_a_plain_loader_counts_the_samples_it_saw() -> None:
+    workload = fast()
+    settings = LoaderSettings(batch=32, num_workers=0, torch_num_threads=1)
+    assert epoch_mean_batch(workload, settings, seed=0) is None
+    measured = measure(workload, settings, CPU, window_s=0.2, warmup_s=0.0)
+    assert measured.samples_per_sec == pytest.approx(measured.samples / measured.window_s)
+
+
+def test_a_batch_sampler_counts_each_batch_at_the_epochs_mean_size() -> None:
+    workload = text_workload(**SMALL_TEXT)
+    settings = LoaderSettings(batch=1024, num_workers=0, torch_num_threads=1)
+    plan = list(workload.batch_sampler(workload.dataset, 1024, 0))  # type: ignore[misc]
+    mean = epoch_mean_batch(workload, settings, seed=0)
+    assert mean == pytest.approx(len(workload.dataset) / len(plan))  # every sequence once
+    assert min(map(len, plan)) < mean < max(map(len, plan))  # sizes do vary
+    measured = measure(workload, settings, CPU, window_s=0.3, warmup_s=0.0)
+    assert measured.samples_per_sec == pytest.approx(measured.batches * mean / measured.window_s)
