@@ -14,7 +14,8 @@ The tuner: ``run_study`` with the default strategy and ``--n-trials`` trials (20
 ``--from-search DIR``, the ``tpe`` picks at that budget from ``bench.search``'s results (its
 equivalent wall time, no second study). Both recommendations and both baselines are then
 re-measured side by side by the same harness (interleaved rounds, medians). Wall time is until
-each tool has printed its recommendation.
+each tool has printed its recommendation; "found at" is when the tuner's pick had been measured
+(loadtune recommends only at its end).
 
 Goal: at least loadtune's throughput in less wall time, and more where it leaves knobs untuned
 (batch size, prefetch, threads, collate).
@@ -142,8 +143,8 @@ def tuner_picks(
     n_trials: int,
     window_s: float,
     warmup_s: float,
-) -> list[tuple[str, LoaderSettings, float, int]]:
-    """(label, setting, wall s, trials) of the tuner's default strategy at ``n_trials``."""
+) -> list[tuple[str, LoaderSettings, float, int, float]]:
+    """(label, setting, wall s, trials, found at s) of the tuner's default strategy."""
     if from_search:
         results = json.loads((Path(from_search) / f"search-{workload.name}.json").read_text())
         picks = [
@@ -152,6 +153,7 @@ def tuner_picks(
                 LoaderSettings.from_attrs(p["settings"]),
                 float(p["wall_s"]),
                 int(p.get("trials", n_trials)),  # fewer when the study stopped on its own
+                float(p["found_after_s"]),
             )
             for p in results["picks"]
             if p["strategy"] == "tpe" and p["budget"] == n_trials
@@ -172,7 +174,9 @@ def tuner_picks(
     if best is None:
         raise SystemExit("the tuner completed no trial")
     settings = LoaderSettings.from_attrs(best.user_attrs["settings"])
-    return [("tuner (tpe seed 0)", settings, timed.wall_s, n_trials)]
+    assert best.datetime_complete is not None
+    found_s = best.datetime_complete.timestamp() - timed.started_at
+    return [("tuner (tpe seed 0)", settings, timed.wall_s, n_trials, found_s)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -217,22 +221,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ours = tuner_picks(workload, folder, args.from_search, args.n_trials, args.window, args.warmup)
 
-    entries: list[tuple[str, LoaderSettings, float | None, int | None]] = [
-        ("loadtune 0.3.0", peer, loadtune_wall_s, loadtune_trials),
-        *[(label, s, wall, trials) for label, s, wall, trials in ours],
-        *[(name, s, None, None) for name, s in harness.baselines().items()],
+    entries: list[tuple[str, LoaderSettings, float | None, int | None, float | None]] = [
+        ("loadtune 0.3.0", peer, loadtune_wall_s, loadtune_trials, loadtune_wall_s),
+        *ours,
+        *[(name, s, None, None, None) for name, s in harness.baselines().items()],
     ]
-    values = harness.side_by_side([s for _, s, _, _ in entries], args.rounds)
+    values = harness.side_by_side([entry[1] for entry in entries], args.rounds)
     medians = [median_or_none(runs) for runs in values]
     reference = medians[0]
     rows = []
-    for (label, settings, wall, trials), median in zip(entries, medians, strict=True):
+    for (label, settings, wall, trials, found), median in zip(entries, medians, strict=True):
         rows.append(
             [
                 label,
                 describe(settings, batch_param),
                 "-" if trials is None else trials,
                 "-" if wall is None else f"{wall:.0f}",
+                "-" if found is None else f"{found:.0f}",
                 "-" if median is None else f"{median:,.1f}",
                 "-" if median is None or not reference else f"{median / reference:.2f}x",
             ]
@@ -243,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "recommended setting",
         "settings measured",
         "wall s",
+        "found at s",
         "median samples/s",
         "vs loadtune",
     ]
@@ -268,11 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "label": label,
                     "settings": settings.to_attrs(),
                     "wall_s": wall,
+                    "found_after_s": found,
                     "settings_measured": trials,
                     "samples_per_sec": runs,
                     "median": median,
                 }
-                for (label, settings, wall, trials), runs, median in zip(
+                for (label, settings, wall, trials, found), runs, median in zip(
                     entries, values, medians, strict=True
                 )
             ],

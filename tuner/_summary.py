@@ -106,7 +106,8 @@ def print_summary(
         return None
     medians = remeasured(study)
     complete = sorted(
-        (t for t in trials if t.state == TrialState.COMPLETE),
+        # A repeat carries its twin's result: one row per setting.
+        (t for t in trials if t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs),
         key=lambda t: trial_throughput(t, medians),
         reverse=True,
     )
