@@ -11,11 +11,11 @@ dataset and step). Its recommendation is what its CLI reports: the cheapest tria
 its best, when that beats the baseline, else the baseline.
 
 The tuner: ``run_study`` with the default strategy and ``--n-trials`` trials (20), or, with
-``--from-search DIR``, the ``tpe`` picks at that budget from ``bench.search``'s results (its
-equivalent wall time, no second study). Both recommendations and both baselines are then
-re-measured side by side by the same harness (interleaved rounds, medians). Wall time is until
-each tool has printed its recommendation; "found at" is when the tuner's pick had been measured
-(loadtune recommends only at its end).
+``--from-search DIR``, the default strategy's picks at that budget from ``bench.search``'s
+results (its equivalent wall time, no second study). Both recommendations and both baselines
+are then re-measured side by side by the same harness (interleaved rounds, medians). Wall time
+is until each tool has printed its recommendation; "found at" is when the tuner's pick had been
+measured (loadtune recommends only at its end).
 
 Goal: at least loadtune's throughput in less wall time, and more where it leaves knobs untuned
 (batch size, prefetch, threads, collate).
@@ -54,7 +54,10 @@ from bench._harness import (
 )
 from tuner._settings import LoaderSettings
 from tuner._space import SearchSpace
+from tuner._study import StudyConfig
 from tuner._summary import best_trial
+
+DEFAULT_STRATEGY = StudyConfig.sampler
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 LOADTUNE_FILE = Path(__file__).resolve().parent / "loadtune_workloads.py"
@@ -149,17 +152,17 @@ def tuner_picks(
         results = json.loads((Path(from_search) / f"search-{workload.name}.json").read_text())
         picks = [
             (
-                f"tuner (tpe seed {p['seed']})",
+                f"tuner ({DEFAULT_STRATEGY} seed {p['seed']})",
                 LoaderSettings.from_attrs(p["settings"]),
                 float(p["wall_s"]),
                 int(p.get("trials", n_trials)),  # fewer when the study stopped on its own
                 float(p["found_after_s"]),
             )
             for p in results["picks"]
-            if p["strategy"] == "tpe" and p["budget"] == n_trials
+            if p["strategy"] == DEFAULT_STRATEGY and p["budget"] == n_trials
         ]
         if not picks:
-            raise SystemExit(f"{from_search}: no tpe pick at {n_trials} trials")
+            raise SystemExit(f"{from_search}: no {DEFAULT_STRATEGY} pick at {n_trials} trials")
         return picks
     config = study_config(
         workload,
@@ -176,7 +179,7 @@ def tuner_picks(
     settings = LoaderSettings.from_attrs(best.user_attrs["settings"])
     assert best.datetime_complete is not None
     found_s = best.datetime_complete.timestamp() - timed.started_at
-    return [("tuner (tpe seed 0)", settings, timed.wall_s, n_trials, found_s)]
+    return [(f"tuner ({DEFAULT_STRATEGY} seed 0)", settings, timed.wall_s, n_trials, found_s)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from tuner._naming import REMEASURED_ATTR
 from tuner._settings import LoaderSettings
 from tuner._trial import TrialRunner
 
-__all__ = ["final_candidates", "remeasure"]
+__all__ = ["final_candidates", "pick_best", "remeasure"]
 
 
 def final_candidates(study: optuna.Study, top: int) -> list[FrozenTrial]:
@@ -44,6 +44,16 @@ def final_candidates(study: optuna.Study, top: int) -> list[FrozenTrial]:
             chosen.append(trial)
             seen.append(settings)
     return chosen
+
+
+def pick_best(runs: dict[int, list[float]]) -> int:
+    """The candidate whose slowest round is fastest (ties: the higher median).
+
+    A setting that is quick only while the machine is quiet (seen here with 2 intra-op threads
+    on 2 busy cores: rounds of 63, 312 and 784 samples/s) is a poor pick for a training run
+    that shares it.
+    """
+    return max(runs, key=lambda n: (min(runs[n]), statistics.median(runs[n])))
 
 
 def remeasure(
@@ -75,10 +85,7 @@ def remeasure(
     medians = {number: statistics.median(values) for number, values in runs.items() if values}
     if not medians:
         return {}
-    # The winner is the one whose slowest round is fastest: a setting that is quick only
-    # while the machine is quiet (seen here with 2 intra-op threads on 2 busy cores: rounds
-    # of 63, 312 and 784 samples/s) is a poor pick for a training run that shares it.
-    best_number = max(medians, key=lambda n: (min(runs[n]), medians[n]))
+    best_number = pick_best({number: runs[number] for number in medians})
 
     def record() -> None:
         with storage_lock(storage_url, study.study_name):

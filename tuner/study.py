@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 
 from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
-from tuner._study import StudyConfig, run_study
+from tuner._study import SAMPLERS, StudyConfig, run_study
 
 __all__ = ["main", "parser"]
 
@@ -38,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=None, help="seconds for this whole run")
     run.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--sampler", choices=("tpe", "random"), default="tpe")
+    run.add_argument("--sampler", choices=SAMPLERS, default=StudyConfig.sampler)
     run.add_argument(
         "--trial-seconds", type=float, default=3.0, help="measurement window per trial"
     )
