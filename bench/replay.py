@@ -29,7 +29,7 @@ import json
 import random
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,17 @@ import optuna
 from tqdm import tqdm
 
 from bench._harness import describe, markdown_table, settings_key
+from tuner._pruner import BelowBestPruner
 from tuner._remeasure import final_candidates, pick_best
 from tuner._settings import LoaderSettings
 from tuner._study import SAMPLERS, StudyConfig, make_pruner, make_sampler
 
 GOAL_FRACTION = 0.95
+PRUNING: dict[str, Callable[[str], optuna.pruners.BasePruner]] = {
+    "strategy": make_pruner,
+    "off": lambda strategy: optuna.pruners.NopPruner(),
+    "on": lambda strategy: BelowBestPruner(),
+}
 
 
 def _default(field: str) -> Any:
@@ -114,8 +120,12 @@ def replay(
     seed: int,
     budgets: Sequence[int],
     noise: float,
+    pruning: str = "strategy",
 ) -> dict[int, float]:
-    """One study to the largest budget; the pick's true value over the best, per budget."""
+    """One study to the largest budget; the pick's true value over the best, per budget.
+
+    ``pruning``: ``strategy`` (the strategy's own pruner, as the tuner runs it), ``off``, ``on``.
+    """
     rng = random.Random(seed)
 
     def noisy(settings: LoaderSettings, window_share: float = 1.0) -> float:
@@ -123,7 +133,9 @@ def replay(
         return landscape.true_value(settings) * max(0.05, 1.0 + rng.gauss(0.0, spread))
 
     study = optuna.create_study(
-        direction="maximize", sampler=make_sampler(strategy, seed), pruner=make_pruner(strategy)
+        direction="maximize",
+        sampler=make_sampler(strategy, seed),
+        pruner=PRUNING[pruning](strategy),
     )
     for name, settings in baselines.items():
         study.enqueue_trial(
@@ -192,6 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budgets", default="10,20,40", help="trial budgets (default 10,20,40)")
     parser.add_argument("--seeds", type=int, default=40, help="studies per strategy (default 40)")
     parser.add_argument("--noise", type=float, default=0.10, help="relative noise (default 0.10)")
+    parser.add_argument(
+        "--pruning",
+        choices=sorted(PRUNING),
+        default="strategy",
+        help="each strategy's own pruner as the tuner runs it (default), or off or on for all",
+    )
     args = parser.parse_args(argv)
     path = Path(args.from_search)
     if not path.is_file():
@@ -211,14 +229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{name}: {len(landscape.values)} grid settings, best {landscape.best:,.1f} samples/s;"
         f" {within} within {GOAL_FRACTION:.0%} of it; baselines"
         f" {', '.join(f'{n} {describe(s, landscape.batch_param)}' for n, s in baselines.items())};"
-        f" noise {args.noise:.0%} per measurement, {args.seeds} seeds"
+        f" noise {args.noise:.0%} per measurement, {args.seeds} seeds, pruning {args.pruning}"
     )
     rows = []
     for strategy in strategies:
         scores: dict[int, list[float]] = {budget: [] for budget in budgets}
         for seed in tqdm(range(args.seeds), desc=strategy, file=sys.stderr, leave=False):
             for budget, score in replay(
-                landscape, baselines, strategy, seed, budgets, args.noise
+                landscape, baselines, strategy, seed, budgets, args.noise, args.pruning
             ).items():
                 scores[budget].append(score)
         for budget in budgets:

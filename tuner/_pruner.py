@@ -5,7 +5,7 @@ that settles within a window, so a setting running at 70% of the best after half
 not end within the 5% that matters. Percentile pruners judge a trial against the typical
 earlier trial instead; on a flat landscape, where most settings are within the noise of each
 other, that stopped the eventual optimum on an unlucky half second and saved little (measured:
-4-11% of trial time, ``docs/benchmarks.md``).
+4-11% of trial time, ``docs/benchmarks-2026-12-02.md``).
 """
 
 from __future__ import annotations

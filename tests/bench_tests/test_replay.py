@@ -79,7 +79,21 @@ def test_replays_are_repeatable_per_seed(results_file: Path) -> None:
 def test_the_cli_prints_one_row_per_strategy_and_budget(
     results_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--from-search", str(results_file), "--seeds", "3", "--budgets", "8,12"]) == 0
+    assert (
+        main(
+            [
+                "--from-search",
+                str(results_file),
+                "--seeds",
+                "3",
+                "--budgets",
+                "8,12",
+                "--strategies",
+                "tpe,random",
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     assert table.count("| tpe |") == 2 and table.count("| random |") == 2
 
@@ -94,3 +108,12 @@ def test_bad_input_is_one_line_and_exit_2(
         "bench.replay: no such file: " + str(tmp_path / "missing.json"),
         "bench.replay: unknown strategy annealing",
     ]
+
+
+def test_pruning_can_be_set_for_every_strategy(results_file: Path) -> None:
+    """With the pruner on, gp runs as tpe does; off, tpe runs every trial to the end."""
+    landscape, baselines, _ = load(results_file)
+    for pruning in ("off", "on"):
+        for strategy in ("gp", "tpe"):
+            scores = replay(landscape, baselines, strategy, 0, [10], 0.1, pruning)
+            assert 0.0 < scores[10] <= 1.0
