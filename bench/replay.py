@@ -40,6 +40,7 @@ from bench._harness import describe, markdown_table, settings_key
 from tuner._pruner import BelowBestPruner
 from tuner._remeasure import final_candidates, pick_best
 from tuner._settings import LoaderSettings
+from tuner._space import optuna_params
 from tuner._study import SAMPLERS, StudyConfig, make_pruner, make_sampler
 
 GOAL_FRACTION = 0.95
@@ -98,16 +99,9 @@ class Landscape:
         )
 
     def params_for(self, settings: LoaderSettings) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "num_workers": settings.num_workers,
-            self.batch_param: settings.batch,
-        }
-        if settings.num_workers > 0:
-            params["prefetch_factor"] = settings.prefetch_factor
-            if len(self.persistent) > 1:
-                params["persistent_workers"] = settings.persistent_workers
-        params["torch_num_threads"] = settings.torch_num_threads
-        return params | dict(settings.knobs)
+        """The params :meth:`suggest` would record for ``settings`` (to enqueue the baselines)."""
+        unsampled = () if len(self.persistent) > 1 else ("persistent_workers",)
+        return optuna_params(settings, self.batch_param, cuda=False, fixed=unsampled)
 
     def true_value(self, settings: LoaderSettings) -> float:
         return self.values[settings_key(settings)]

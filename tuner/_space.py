@@ -9,7 +9,7 @@ a study can be resumed with other ``--fix`` flags without Optuna seeing changed 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import optuna
@@ -17,7 +17,7 @@ import optuna
 from objectives import Workload
 from tuner._settings import LoaderSettings
 
-__all__ = ["SearchSpace", "SpaceError", "powers_of_two"]
+__all__ = ["SearchSpace", "SpaceError", "optuna_params", "powers_of_two"]
 
 MAX_PREFETCH_FACTOR = 8
 
@@ -43,6 +43,23 @@ def _parse_bool(text: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"expected true or false, got {text!r}")
+
+
+def optuna_params(
+    settings: LoaderSettings, batch_param: str, cuda: bool, fixed: Collection[str] = ()
+) -> dict[str, Any]:
+    """The params a trial suggests for ``settings``, the ``fixed`` ones left out: conditional
+    as :meth:`SearchSpace.suggest` is (prefetch and persistence only with workers, pinning only
+    on CUDA)."""
+    params: dict[str, Any] = {"num_workers": settings.num_workers, batch_param: settings.batch}
+    if settings.num_workers > 0:
+        params["prefetch_factor"] = settings.prefetch_factor
+        params["persistent_workers"] = settings.persistent_workers
+    if cuda:
+        params["pin_memory"] = settings.pin_memory
+    params["torch_num_threads"] = settings.torch_num_threads
+    params.update(settings.knobs)
+    return {name: value for name, value in params.items() if name not in fixed}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,18 +244,7 @@ class SearchSpace:
 
     def params_for(self, settings: LoaderSettings) -> dict[str, Any]:
         """The Optuna params that reproduce ``settings`` (for ``enqueue_trial``)."""
-        params: dict[str, Any] = {
-            "num_workers": settings.num_workers,
-            self.batch_param: settings.batch,
-        }
-        if settings.num_workers > 0:
-            params["prefetch_factor"] = settings.prefetch_factor
-            params["persistent_workers"] = settings.persistent_workers
-        if self.cuda:
-            params["pin_memory"] = settings.pin_memory
-        params["torch_num_threads"] = settings.torch_num_threads
-        params.update(settings.knobs)
-        return {name: value for name, value in params.items() if name not in self.fixed}
+        return optuna_params(settings, self.batch_param, self.cuda, self.fixed)
 
     def clamp_batch(self, batch: int) -> int:
         """The nearest batch choice not above ``batch`` (baselines and warm starts)."""
