@@ -47,6 +47,7 @@ from tuner._supervisor import Supervisor
 from tuner._trial import TrialRunner
 
 __all__ = [
+    "DEFAULT_STRATEGY",
     "WORKLOADS",
     "BenchWorkload",
     "Harness",
@@ -64,6 +65,8 @@ __all__ = [
 _log = logging.getLogger("bench")
 
 DEFAULT_WINDOW_S = 1.5
+DEFAULT_STRATEGY = StudyConfig.sampler
+"""The strategy ``python -m tuner.study`` runs without ``--sampler``: the one the goals judge."""
 DEFAULT_WARMUP_S = 0.5
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from bench._harness import (
+    DEFAULT_STRATEGY,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
     WORKLOADS,
@@ -54,10 +55,7 @@ from bench._harness import (
 )
 from tuner._settings import LoaderSettings
 from tuner._space import SearchSpace
-from tuner._study import StudyConfig
 from tuner._summary import best_trial
-
-DEFAULT_STRATEGY = StudyConfig.sampler
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 LOADTUNE_FILE = Path(__file__).resolve().parent / "loadtune_workloads.py"

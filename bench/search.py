@@ -41,6 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
 from bench._harness import (
+    DEFAULT_STRATEGY,
     DEFAULT_WARMUP_S,
     DEFAULT_WINDOW_S,
     WORKLOADS,
@@ -61,14 +62,13 @@ from bench._harness import (
     write_json,
 )
 from tuner._settings import LoaderSettings
-from tuner._study import SAMPLERS, StudyConfig
+from tuner._study import SAMPLERS
 from tuner._summary import best_trial
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 GOAL_FRACTION = 0.95
 GOAL_WALL_FRACTION = 0.15
 GOAL_BUDGET = 20
-DEFAULT_STRATEGY = StudyConfig.sampler
 
 
 @dataclasses.dataclass
