@@ -1,14 +1,14 @@
 """What the benchmarks share: the workloads and their grids, one yardstick, timed studies.
 
-The yardstick (:class:`Harness`) measures a :class:`~tuner._settings.LoaderSettings` exactly as a
-trial does: :class:`~tuner._trial.TrialRunner` → :class:`~tuner._supervisor.Supervisor` → a
-forkserver child → :func:`tuner._measure.measure`, with the study's window and warm-up. So a grid
-point, the tuner's pick and a peer's pick are compared by one measurement, not by each tool's
+The yardstick (:class:`Harness`) measures a :class:`~tuner.search.LoaderSettings` exactly
+as a trial does: :class:`~tuner.run.TrialRunner` → :class:`~tuner.trial.Supervisor` → a
+forkserver child → :func:`tuner.trial._measure.measure`, with the study's window and warm-up. So
+a grid point, the tuner's pick and a peer's pick are compared by one measurement, not by each tool's
 own numbers. :meth:`Harness.side_by_side` runs interleaved rounds (A B C, B C A, ...): drift in
 the machine's speed (other work on a shared box) then hits every setting alike, and the median
 of the rounds drops the odd disturbed window.
 
-:func:`run_timed_study` runs the real tuner (:func:`tuner._study.run_study`) and times it with
+:func:`run_timed_study` runs the real tuner (:func:`tuner.run._study.run_study`) and times it with
 ``time.monotonic``; the trials' own timestamps then split that wall time into the setup before
 the first trial (batch probe, ceiling), the trials, and the final re-measurement after the last.
 """
@@ -35,16 +35,16 @@ import optuna
 import torch
 from tqdm import tqdm
 
-import tuner._study as study_module
-from tuner._baselines import baseline_settings
-from tuner._gpu import open_gpu_reader
-from tuner._guard import MemoryGuard
-from tuner._hardware import cpu_model_name
-from tuner._settings import LoaderSettings
-from tuner._space import MAX_PREFETCH_FACTOR, SearchSpace
-from tuner._study import PreparedStudy, StudyConfig, StudyResult, prepare, run_study
-from tuner._supervisor import Supervisor
-from tuner._trial import TrialRunner
+import tuner.run._study as study_module
+from tuner.machine._gpu import open_gpu_reader
+from tuner.machine._hardware import cpu_model_name
+from tuner.run._runner import TrialRunner
+from tuner.run._study import PreparedStudy, StudyConfig, StudyResult, prepare, run_study
+from tuner.search._baselines import baseline_settings
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import MAX_PREFETCH_FACTOR, SearchSpace
+from tuner.trial._guard import MemoryGuard
+from tuner.trial._supervisor import Supervisor
 
 __all__ = [
     "DEFAULT_STRATEGY",

@@ -33,7 +33,7 @@ import optuna
 import sqlalchemy
 
 from storage import open_storage
-from tuner._table import format_table
+from tuner.insight._table import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = "tests.tuner_tests.workloads:fast"
@@ -58,7 +58,7 @@ def scratch_database(admin_url: str) -> Iterator[str]:
 
 def _storage_worker(url: str, trials: int, results: multiprocessing.Queue) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # The tuner beats around ask/tell itself (tuner._heartbeat), as this loop stands in for.
+    # The tuner beats around ask/tell itself (tuner.fleet._heartbeat), as this loop stands in for.
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     study = optuna.load_study(study_name="bench", storage=open_storage(url, heartbeat_interval=10))
     durations = []

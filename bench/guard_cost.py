@@ -3,7 +3,7 @@
     python -m bench.guard_cost --rounds 5
 
 Cost: the same setting of the built-in image workload measured through the real
-:class:`~tuner._supervisor.Supervisor` with the guard sampling every 0.2 s (A) and with a
+:class:`~tuner.trial._supervisor.Supervisor` with the guard sampling every 0.2 s (A) and with a
 3600 s interval (B: one sample at the start, then none), interleaved A B A B so drift in the
 machine's speed hits both alike. Goal: the median of A within 1% of B's.
 
@@ -30,10 +30,10 @@ from typing import Any
 
 import psutil
 
-from tuner._guard import GuardReading, MemoryGuard, default_limits
-from tuner._memory import format_bytes, process_tree
-from tuner._settings import LoaderSettings
-from tuner._supervisor import Supervisor
+from tuner.machine._memory import format_bytes, process_tree
+from tuner.search._settings import LoaderSettings
+from tuner.trial._guard import GuardReading, MemoryGuard, default_limits
+from tuner.trial._supervisor import Supervisor
 
 GiB = 2**30
 

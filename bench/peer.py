@@ -53,9 +53,9 @@ from bench._harness import (
     study_config,
     write_json,
 )
-from tuner._settings import LoaderSettings
-from tuner._space import SearchSpace
-from tuner._summary import best_trial
+from tuner.insight._summary import best_trial
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import SearchSpace
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 LOADTUNE_FILE = Path(__file__).resolve().parent / "loadtune_workloads.py"

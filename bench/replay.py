@@ -7,11 +7,11 @@ replays 40 or more in seconds on the landscape that run measured. Each grid poin
 taken as the truth; a trial "measures" it with multiplicative Gaussian noise (``--noise``, 10%
 by default: about the machine floor ``bench.repeatability`` reports for a 1.5 s window here).
 The study runs as the tuner's does where it matters for the pick: the two baselines first, the
-strategy's sampler (``tuner._study.make_sampler``), its pruner (``make_pruner``: for ``tpe`` it
-is shown a noisier reading, as half a second into the window), a repeated setting answered with its
-twin's outcome, then the top candidates (``tuner._remeasure.final_candidates``) re-measured in fresh
-noisy rounds and picked by ``tuner._remeasure.pick_best``. The score is the pick's true value
-over the grid's best.
+strategy's sampler (``tuner.run.make_sampler``), its pruner (``make_pruner``: for ``tpe`` it
+is shown a noisier reading, as half a second into the window), a repeated setting answered with
+its twin's outcome, then the top candidates (``tuner.run._remeasure.final_candidates``)
+re-measured in fresh noisy rounds and picked by ``tuner.run._remeasure.pick_best``. The score
+is the pick's true value over the grid's best.
 
 What it leaves out, so read its numbers as a comparison between strategies, not as the
 tuner's quality: the space is the grid's (its worker, batch, prefetch, thread and knob values;
@@ -19,7 +19,7 @@ persistent workers only where the grid has them), smaller than the tuner's; no e
 near the ceiling; noise independent between measurements, where the machine's
 drifts in levels.
 
-``--strategies`` takes what ``--sampler`` takes (``tuner._study.SAMPLERS``).
+``--strategies`` takes what ``--sampler`` takes (``tuner.run._study.SAMPLERS``).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ import optuna
 from tqdm import tqdm
 
 from bench._harness import describe, markdown_table, settings_key
-from tuner._pruner import BelowBestPruner
-from tuner._remeasure import final_candidates, pick_best
-from tuner._settings import LoaderSettings
-from tuner._space import optuna_params
-from tuner._study import SAMPLERS, StudyConfig, make_pruner, make_sampler
+from tuner.run._remeasure import final_candidates, pick_best
+from tuner.run._study import SAMPLERS, StudyConfig, make_pruner, make_sampler
+from tuner.search._pruner import BelowBestPruner
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import optuna_params
 
 GOAL_FRACTION = 0.95
 PRUNING: dict[str, Callable[[str], optuna.pruners.BasePruner]] = {
@@ -73,7 +73,7 @@ class Landscape:
         self.template = settings[0]
 
     def suggest(self, trial: optuna.Trial) -> LoaderSettings:
-        """The tuner's distributions (``tuner._space.SearchSpace.suggest``) on the grid's values."""
+        """The tuner's distributions (``tuner.search.SearchSpace.suggest``) on the grid's values."""
         workers = trial.suggest_int("num_workers", self.workers[0], self.workers[-1])
         batch = trial.suggest_categorical(self.batch_param, self.batches)
         prefetch, persistent = None, False

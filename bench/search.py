@@ -61,9 +61,9 @@ from bench._harness import (
     study_config,
     write_json,
 )
-from tuner._settings import LoaderSettings
-from tuner._study import SAMPLERS
-from tuner._summary import best_trial
+from tuner.insight._summary import best_trial
+from tuner.run._study import SAMPLERS
+from tuner.search._settings import LoaderSettings
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 GOAL_FRACTION = 0.95

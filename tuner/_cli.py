@@ -14,8 +14,8 @@ from typing import NoReturn
 
 from objectives import WorkloadError
 from storage import StorageError, default_storage_url, mask_password
-from tuner._hardware import ProfileError
-from tuner._space import SpaceError
+from tuner.machine._hardware import ProfileError
+from tuner.search._space import SpaceError
 
 __all__ = ["ArgumentParser", "UsageError", "add_common", "run_cli"]
 
@@ -62,8 +62,8 @@ def run_cli(
     prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None
 ) -> NoReturn:
     """Run ``main`` and turn the known errors into one line on stderr and an exit code."""
-    from tuner._best import NoResultError
-    from tuner._study import ConfigError
+    from tuner.insight._best import NoResultError
+    from tuner.run._study import ConfigError
 
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
     try:

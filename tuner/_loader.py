@@ -19,10 +19,10 @@ from typing import Any
 import psutil
 from torch.utils.data import DataLoader, Dataset
 
-from tuner import _gpu, _hardware, _memory
-from tuner._baselines import rule_of_thumb_workers
-from tuner._best import NoResultError, find_best
-from tuner._settings import LoaderSettings
+from tuner.insight._best import NoResultError, find_best
+from tuner.machine import _gpu, _hardware, _memory
+from tuner.search._baselines import rule_of_thumb_workers
+from tuner.search._settings import LoaderSettings
 
 __all__ = ["AdaptiveLoader", "MachineState", "clamp_to_machine", "loader", "read_machine"]
 

@@ -11,10 +11,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from tuner._best import find_best
 from tuner._cli import ArgumentParser, add_common, run_cli, storage_url
-from tuner._snippet import dataloader_snippet, extra_settings
-from tuner._table import format_table
+from tuner.insight._best import find_best
+from tuner.insight._snippet import dataloader_snippet, extra_settings
+from tuner.insight._table import format_table
 
 __all__ = ["main", "parser"]
 

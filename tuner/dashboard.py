@@ -18,8 +18,8 @@ import wsgiref.simple_server
 from collections.abc import Sequence
 
 from storage import mask_url, open_storage, sqlite_file_missing
-from tuner._artifacts import open_artifact_store
 from tuner._cli import ArgumentParser, UsageError, run_cli, storage_url
+from tuner.trial._artifacts import open_artifact_store
 
 __all__ = ["main", "parser"]
 
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
     url = storage_url(args.storage)
     if sqlite_file_missing(url):
-        from tuner._best import NoResultError
+        from tuner.insight._best import NoResultError
 
         raise NoResultError(
             f"no database at {mask_url(url)}; create a study first: "

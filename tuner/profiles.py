@@ -13,11 +13,11 @@ import json
 from collections.abc import Sequence
 
 from storage import default_storage_url, open_storage, sqlite_file_missing
-from tuner import _hardware
 from tuner._cli import ArgumentParser, UsageError, run_cli
-from tuner._memory import format_bytes
-from tuner._profile_studies import StoredStudy, stored_studies
-from tuner._table import format_table
+from tuner.fleet._profile_studies import StoredStudy, stored_studies
+from tuner.insight._table import format_table
+from tuner.machine import _hardware
+from tuner.machine._memory import format_bytes
 
 __all__ = ["main", "parser"]
 

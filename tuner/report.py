@@ -16,10 +16,10 @@ from pathlib import Path
 import optuna
 
 from storage import mask_url, open_storage, sqlite_file_missing
-from tuner._artifacts import artifact_dir_for
-from tuner._best import NoResultError, resolve_profile_name
 from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
 from tuner._naming import study_name
+from tuner.insight._best import NoResultError, resolve_profile_name
+from tuner.trial._artifacts import artifact_dir_for
 
 __all__ = ["main", "parser"]
 
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from optuna.artifacts import FileSystemArtifactStore
 
-    from tuner._report import build_report
+    from tuner.insight._report import build_report
 
     directory = artifact_dir_for(url, args.artifact_dir)
     store = FileSystemArtifactStore(directory) if directory.is_dir() else None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.replay import load, main, replay
-from tuner._settings import LoaderSettings
+from tuner.search._settings import LoaderSettings
 
 
 def _settings(workers: int, batch: int, threads: int) -> LoaderSettings:

@@ -19,17 +19,13 @@ from torch.utils.data import Dataset
 from objectives import Workload
 from tests.conftest import run_cli
 from tests.tuner_tests.workloads import fast
-from tuner._ceiling import (
-    CEILING_ATTR,
-    ceiling_stop_message,
-    efficiency,
-    measure_ceiling,
-    near_ceiling,
-)
-from tuner._measure import measure
-from tuner._naming import REMEASURED_ATTR
-from tuner._settings import LoaderSettings
-from tuner._study import N_STARTUP_TRIALS
+from tuner._naming import CEILING_ATTR, REMEASURED_ATTR
+from tuner.insight._summary import efficiency
+from tuner.run._ceiling import ceiling_stop_message, near_ceiling
+from tuner.run._study import N_STARTUP_TRIALS
+from tuner.search._settings import LoaderSettings
+from tuner.trial._ceiling import measure_ceiling
+from tuner.trial._measure import measure
 
 STEP_S = 0.05
 BATCH = 64

@@ -29,8 +29,8 @@ from tests.tuner_tests.test_report import (
     require_chromium,
 )
 from tuner._cli import run_cli as run_main
-from tuner._note import save_study_note
 from tuner.dashboard import main
+from tuner.insight._note import save_study_note
 
 
 @pytest.fixture

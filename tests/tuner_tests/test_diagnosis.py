@@ -13,8 +13,8 @@ import optuna
 import pytest
 from optuna.distributions import IntDistribution
 
-from tuner._diagnosis import BOTTLENECKS, Diagnosis, diagnose, diagnose_trial
-from tuner._guard import GuardLimits
+from tuner.insight._diagnosis import BOTTLENECKS, Diagnosis, diagnose, diagnose_trial
+from tuner.trial._guard import GuardLimits
 
 GIB = 2**30
 

@@ -5,7 +5,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from tuner._gpu import (
+from tuner.machine._gpu import (
     GpuDevice,
     GpuReader,
     GpuReading,

@@ -13,7 +13,7 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 
 from tests.conftest import run_cli
-from tuner._settings import LoaderSettings
+from tuner.search._settings import LoaderSettings
 
 pytestmark = pytest.mark.slow
 

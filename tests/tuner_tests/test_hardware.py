@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tuner import _gpu
-from tuner._hardware import (
+from tuner.machine import _gpu
+from tuner.machine._hardware import (
     GIB,
     Fingerprint,
     Profile,
@@ -28,7 +28,7 @@ from tuner._hardware import (
     similarity,
     usable_cpu_count,
 )
-from tuner._hardware import (
+from tuner.machine._hardware import (
     _read_gpus as read_gpus,
 )
 

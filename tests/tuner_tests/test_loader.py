@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tuner
 from tests.conftest import best_cli, study_cli
-from tuner._hardware import auto_profile_name, detect_fingerprint
 from tuner._loader import AdaptiveLoader, MachineState, clamp_to_machine
-from tuner._settings import LoaderSettings
+from tuner.machine._hardware import auto_profile_name, detect_fingerprint
+from tuner.search._settings import LoaderSettings
 
 GIB = 2**30
 OPTIMUM = LoaderSettings(batch=64, num_workers=8, prefetch_factor=4, persistent_workers=True)

@@ -7,8 +7,8 @@ import torch
 
 from objectives import text_workload
 from tests.tuner_tests.workloads import fast
-from tuner._measure import epoch_mean_batch, measure
-from tuner._settings import LoaderSettings
+from tuner.search._settings import LoaderSettings
+from tuner.trial._measure import epoch_mean_batch, measure
 
 CPU = torch.device("cpu")
 SMALL_TEXT = {"sequences": 300, "vocab_size": 64, "max_length": 96}

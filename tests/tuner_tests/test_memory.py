@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tuner._memory import (
+from tuner.machine._memory import (
     CgroupMemory,
     DiskUsage,
     MemoryPressure,

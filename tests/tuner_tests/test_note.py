@@ -10,12 +10,11 @@ import optuna_dashboard
 import pytest
 
 from tests.tuner_tests.test_report import add_measured_trial, build_measured_study
-from tuner._artifacts import open_artifact_store
-from tuner._ceiling import CEILING_ATTR
-from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB
-from tuner._note import save_study_note, study_note
-from tuner._settings import LoaderSettings
-from tuner._summary import best_trial
+from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
+from tuner.insight._note import save_study_note, study_note
+from tuner.insight._summary import best_trial
+from tuner.search._settings import LoaderSettings
+from tuner.trial._artifacts import open_artifact_store
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from tests.tuner_tests.workloads import Raising, SelfKilling, Vectors
-from tuner._outcome import classify_error, classify_exit, one_line
+from tuner.trial._outcome import classify_error, classify_exit, one_line
 
 CUDA_OOM = (
     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.77 GiB of "

@@ -6,7 +6,7 @@ import optuna
 import pytest
 from optuna.distributions import IntDistribution
 
-from tuner._pruner import BelowBestPruner
+from tuner.search._pruner import BelowBestPruner
 
 
 def _study(values: list[float]) -> optuna.Study:

@@ -25,22 +25,27 @@ from torch.utils.data import DataLoader
 from objectives import Workload
 from tests.conftest import run_cli
 from tests.tuner_tests.workloads import Vectors
-from tuner import _hardware
-from tuner._artifacts import open_artifact_store, read_trial_text, upload_trial_csv
-from tuner._ceiling import CEILING_ATTR, efficiency
 from tuner._cli import run_cli as run_main
-from tuner._diagnosis import diagnose
-from tuner._measure import count_samples
-from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, METRIC_NAME
-from tuner._settings import LoaderSettings
-from tuner._telemetry import (
+from tuner._naming import (
+    BASELINE_PYTORCH_DEFAULT,
+    BASELINE_RULE_OF_THUMB,
+    CEILING_ATTR,
+    METRIC_NAME,
+)
+from tuner.insight._diagnosis import diagnose
+from tuner.insight._summary import efficiency
+from tuner.machine import _hardware
+from tuner.report import main
+from tuner.search._settings import LoaderSettings
+from tuner.trial._artifacts import open_artifact_store, read_trial_text, upload_trial_csv
+from tuner.trial._measure import count_samples
+from tuner.trial._telemetry import (
     STEPS_CSV,
     TELEMETRY_CSV,
     StepTimeline,
     TelemetrySampler,
     collect_trial_telemetry,
 )
-from tuner.report import main
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -4,9 +4,9 @@ import optuna
 import pytest
 
 from objectives import load_workload
-from tuner._baselines import baseline_settings, rule_of_thumb_workers
-from tuner._settings import LoaderSettings
-from tuner._space import SearchSpace, SpaceError, powers_of_two
+from tuner.search._baselines import baseline_settings, rule_of_thumb_workers
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import SearchSpace, SpaceError, powers_of_two
 
 
 def _space(**overrides: object) -> SearchSpace:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner._pruner import BelowBestPruner
-from tuner._study import SAMPLERS, StudyConfig, _sampler, make_pruner, make_sampler
+from tuner.run._study import SAMPLERS, StudyConfig, _sampler, make_pruner, make_sampler
+from tuner.search._pruner import BelowBestPruner
 
 
 def _first_draws(sampler: optuna.samplers.BaseSampler) -> list[int]:

@@ -17,11 +17,11 @@ import torch
 
 from objectives import Workload
 from tests.tuner_tests.workloads import Vectors, _sum_step
-from tuner._diagnosis import diagnose
-from tuner._gpu import GpuDevice, GpuReading, StaticGpuReader
-from tuner._measure import measure
-from tuner._settings import LoaderSettings
-from tuner._telemetry import (
+from tuner.insight._diagnosis import diagnose
+from tuner.machine._gpu import GpuDevice, GpuReading, StaticGpuReader
+from tuner.search._settings import LoaderSettings
+from tuner.trial._measure import measure
+from tuner.trial._telemetry import (
     STEPS_CSV,
     TELEMETRY_CSV,
     StepTimeline,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner._settings import LoaderSettings
+from tuner.search._settings import LoaderSettings
 
 __all__ = ["dataloader_snippet", "extra_settings"]
 

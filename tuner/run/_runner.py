@@ -17,16 +17,16 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 
 from storage import is_connection_error, with_retry
-from tuner._artifacts import upload_trial_csv
-from tuner._ceiling import efficiency
-from tuner._diagnosis import diagnose
-from tuner._gpu import GpuReader
 from tuner._naming import is_memory_reason
-from tuner._outcome import TrialOutcome
-from tuner._settings import LoaderSettings
-from tuner._space import SearchSpace
-from tuner._supervisor import Supervisor
-from tuner._telemetry import TelemetrySampler, collect_trial_telemetry
+from tuner.insight._diagnosis import diagnose
+from tuner.insight._summary import efficiency
+from tuner.machine._gpu import GpuReader
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import SearchSpace
+from tuner.trial._artifacts import upload_trial_csv
+from tuner.trial._outcome import TrialOutcome
+from tuner.trial._supervisor import Supervisor
+from tuner.trial._telemetry import TelemetrySampler, collect_trial_telemetry
 
 __all__ = ["SearchSpaceChanged", "TrialRunner", "measured_twin", "memory_walls"]
 

@@ -12,12 +12,12 @@ import logging
 
 import optuna
 
-from tuner._baselines import enqueue_settings
-from tuner._hardware import Profile, scale_workers, similarity
 from tuner._naming import objective_label
-from tuner._profile_studies import stored_studies
-from tuner._settings import LoaderSettings
-from tuner._space import SearchSpace
+from tuner.fleet._profile_studies import stored_studies
+from tuner.machine._hardware import Profile, scale_workers, similarity
+from tuner.search._baselines import enqueue_settings
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import SearchSpace
 
 __all__ = ["enqueue_warm_start"]
 

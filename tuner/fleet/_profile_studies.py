@@ -11,8 +11,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner._hardware import Profile
-from tuner._summary import best_trial, remeasured, trial_throughput
+from tuner.insight._summary import best_trial, remeasured, trial_throughput
+from tuner.machine._hardware import Profile
 
 __all__ = ["StoredStudy", "stored_studies"]
 

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from storage import storage_lock, with_retry
 from tuner._naming import REMEASURED_ATTR
-from tuner._settings import LoaderSettings
-from tuner._trial import TrialRunner
+from tuner.run._runner import TrialRunner
+from tuner.search._settings import LoaderSettings
 
 __all__ = ["final_candidates", "pick_best", "remeasure"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import optuna
 
 from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB
-from tuner._settings import LoaderSettings
-from tuner._space import SearchSpace
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import SearchSpace
 
 __all__ = ["baseline_settings", "enqueue_baselines", "enqueue_settings", "rule_of_thumb_workers"]
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from tuner._guard import GuardLimits
 from tuner._naming import is_memory_reason
-from tuner._telemetry import TelemetrySummary
+from tuner.trial._guard import GuardLimits
+from tuner.trial._telemetry import TelemetrySummary
 
 __all__ = [
     "BOTTLENECKS",

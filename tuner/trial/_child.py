@@ -1,6 +1,6 @@
 """The trial child: one process per trial, in its own process group, that runs the workload.
 
-Contract with the supervisor (:mod:`tuner._supervisor`):
+Contract with the supervisor (:mod:`tuner.trial._supervisor`):
 
 * the child puts itself in a new process group first, so the supervisor can kill it together
   with its DataLoader workers (which inherit the group) in one ``killpg``;
@@ -23,10 +23,11 @@ from typing import Any
 import torch
 
 from objectives import Workload, load_workload
-from tuner._ceiling import CEILING_ATTR, measure_ceiling
-from tuner._measure import measure, synchronize
-from tuner._outcome import classify_error, one_line
-from tuner._settings import LoaderSettings
+from tuner._naming import CEILING_ATTR
+from tuner.search._settings import LoaderSettings
+from tuner.trial._ceiling import measure_ceiling
+from tuner.trial._measure import measure, synchronize
+from tuner.trial._outcome import classify_error, one_line
 
 __all__ = ["run_child"]
 

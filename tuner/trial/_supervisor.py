@@ -28,10 +28,10 @@ from typing import Any
 
 import psutil
 
-from tuner._guard import Breach, MemoryGuard
-from tuner._memory import process_tree
-from tuner._outcome import TrialOutcome, classify_exit
-from tuner._telemetry import TelemetrySampler
+from tuner.machine._memory import process_tree
+from tuner.trial._guard import Breach, MemoryGuard
+from tuner.trial._outcome import TrialOutcome, classify_exit
+from tuner.trial._telemetry import TelemetrySampler
 
 __all__ = ["Supervisor", "kill_tree"]
 
@@ -44,7 +44,7 @@ ProgressHandler = Callable[[float, float], bool]
 
 MessageHandler = Callable[[dict[str, Any]], None]
 
-FORKSERVER_PRELOAD = ("tuner._child", "torch._dynamo")
+FORKSERVER_PRELOAD = ("tuner.trial._child", "torch._dynamo")
 """Imported once by the forkserver, so no trial pays for them: ``torch._dynamo`` is what the
 first ``torch.optim`` optimizer in a process imports, 2 to 2.5 s on a 2-core machine, which
 was most of a 3.5 s trial's overhead before it was preloaded."""
@@ -124,7 +124,7 @@ class Supervisor:
 
         ``telemetry`` is sampled on the guard's ticks, for the trial's telemetry artifact.
         """
-        from tuner._child import run_child
+        from tuner.trial._child import run_child
 
         context = self._ctx()
         receiver, sender = context.Pipe(duplex=False)

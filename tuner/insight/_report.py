@@ -22,13 +22,12 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
-from tuner._artifacts import read_trial_text
-from tuner._ceiling import CEILING_ATTR, efficiency
-from tuner._diagnosis import diagnose_trial
-from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB
-from tuner._settings import LoaderSettings
-from tuner._summary import best_trial, remeasured, trial_throughput
-from tuner._telemetry import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
+from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
+from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._summary import best_trial, efficiency, remeasured, trial_throughput
+from tuner.search._settings import LoaderSettings
+from tuner.trial._artifacts import read_trial_text
+from tuner.trial._telemetry import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
 
 __all__ = ["build_report", "trial_timeline"]
 

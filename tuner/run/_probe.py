@@ -12,8 +12,8 @@ import logging
 from typing import Any
 
 from tuner._naming import is_memory_reason
-from tuner._settings import LoaderSettings
-from tuner._supervisor import Supervisor
+from tuner.search._settings import LoaderSettings
+from tuner.trial._supervisor import Supervisor
 
 __all__ = ["probe_max_batch"]
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import psutil
 
-from tuner import _gpu, _memory
+from tuner.machine import _gpu, _memory
 
 __all__ = ["Breach", "GuardLimits", "GuardReading", "MemoryGuard", "default_limits"]
 

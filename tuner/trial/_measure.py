@@ -19,8 +19,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from objectives import Workload, move_to_device
-from tuner._settings import LoaderSettings
-from tuner._telemetry import StepTimeline
+from tuner.search._settings import LoaderSettings
+from tuner.trial._telemetry import StepTimeline
 
 __all__ = ["Measurement", "count_samples", "epoch_mean_batch", "measure", "synchronize"]
 

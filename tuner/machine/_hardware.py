@@ -217,7 +217,7 @@ def physical_core_count() -> int:
 
 def _read_gpus() -> tuple[tuple[tuple[str, int], ...], str | None]:
     """(name, memory_total_bytes) per GPU in index order, and the driver version."""
-    from tuner._gpu import open_gpu_reader
+    from tuner.machine._gpu import open_gpu_reader
 
     reader = open_gpu_reader()
     try:
@@ -305,7 +305,7 @@ def detect_fingerprint() -> Fingerprint:
     """Fingerprint of this machine; cached because hardware does not change mid-process."""
     import torch
 
-    from tuner._memory import cgroup_memory, total_memory_bytes
+    from tuner.machine._memory import cgroup_memory, total_memory_bytes
 
     cgroup = cgroup_memory()
     gpus, gpu_driver = _read_gpus()
@@ -399,7 +399,7 @@ def load_catalog(user_file: str | Path | None = None) -> dict[str, Profile]:
     A user entry with a built-in's name replaces it. Raises :class:`ProfileError`
     with a one-line message on any problem in either file.
     """
-    builtin = resources.files("tuner").joinpath("profiles.json").read_text()
+    builtin = resources.files("tuner.machine").joinpath("profiles.json").read_text()
     catalog = _parse_catalog(builtin, "built-in profiles.json")
     user_path = user_file if user_file is not None else os.environ.get(PROFILES_ENV) or None
     if user_path is not None:

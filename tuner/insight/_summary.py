@@ -8,18 +8,32 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner._diagnosis import diagnose_trial
 from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
     BASELINE_RULE_OF_THUMB,
     CEILING_ATTR,
     REMEASURED_ATTR,
 )
-from tuner._settings import LoaderSettings
-from tuner._snippet import dataloader_snippet
-from tuner._table import format_table
+from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._snippet import dataloader_snippet
+from tuner.insight._table import format_table
+from tuner.search._settings import LoaderSettings
 
-__all__ = ["best_trial", "print_summary", "remeasured", "speedups", "trial_throughput"]
+__all__ = [
+    "best_trial",
+    "efficiency",
+    "print_summary",
+    "remeasured",
+    "speedups",
+    "trial_throughput",
+]
+
+
+def efficiency(samples_per_sec: float | None, ceiling: float | None) -> float | None:
+    """A throughput as a fraction of the ceiling (the ``efficiency`` user attr)."""
+    if samples_per_sec is None or not ceiling or ceiling <= 0:
+        return None
+    return float(samples_per_sec) / float(ceiling)
 
 
 def remeasured(study: optuna.Study) -> dict[int, float]:

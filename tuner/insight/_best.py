@@ -9,10 +9,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from storage import default_storage_url, mask_url, open_storage, sqlite_file_missing
-from tuner import _hardware
 from tuner._naming import study_name
-from tuner._settings import LoaderSettings
-from tuner._summary import best_trial, remeasured, trial_throughput
+from tuner.insight._summary import best_trial, remeasured, trial_throughput
+from tuner.machine import _hardware
+from tuner.search._settings import LoaderSettings
 
 __all__ = ["BestSetting", "NoResultError", "best_params", "find_best", "resolve_profile_name"]
 

@@ -1,12 +1,11 @@
-"""The ceiling: how fast the workload's step runs when data costs nothing.
+"""The ceiling, measured: how fast the workload's step runs when data costs nothing.
 
-Measured once per study, in a trial child (mode ``ceiling``): one batch from a DataLoader with
-``num_workers=0`` is moved to the device once, then the step runs on it again and again for the
-window, with the device synchronised at the window's edges. No DataLoader setting can feed the
-step faster than that on this machine, so it is the yardstick for every trial (``efficiency``)
-and the point where searching further is pointless (:func:`ceiling_stop_message`). It leaves out
-the host-to-device copy that every real loader pays, so a loader can approach it but not reach
-it on a GPU.
+Runs in a trial child (mode ``ceiling``): one batch from a DataLoader with ``num_workers=0`` is
+moved to the device once, then the step runs on it again and again for the window, with the
+device synchronised at the window's edges. No DataLoader setting can feed the step faster than
+that on this machine. It leaves out the host-to-device copy that every real loader pays, so a
+loader can approach it but not reach it on a GPU. The study side (when to measure it, when a
+best is near it) is :mod:`tuner.run._ceiling`.
 """
 
 from __future__ import annotations
@@ -15,29 +14,14 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-import optuna
 import torch
-from optuna.trial import TrialState
 from torch.utils.data import DataLoader
 
 from objectives import Workload, move_to_device
-from tuner._measure import count_samples, synchronize
-from tuner._naming import CEILING_ATTR
-from tuner._settings import LoaderSettings
-from tuner._summary import best_trial, remeasured, trial_throughput
+from tuner.search._settings import LoaderSettings
+from tuner.trial._measure import count_samples, synchronize
 
-__all__ = [
-    "CEILING_ATTR",
-    "CEILING_STOP_FRACTION",
-    "ceiling_stop_message",
-    "efficiency",
-    "measure_ceiling",
-    "near_ceiling",
-]
-
-
-CEILING_STOP_FRACTION = 0.98
-"""A best within 2% of the ceiling ends the study: no setting can be meaningfully faster."""
+__all__ = ["CLIMB_STOP_FRACTION", "measure_ceiling"]
 
 
 def _one_batch(workload: Workload, settings: LoaderSettings, seed: int) -> object:
@@ -131,54 +115,3 @@ def measure_ceiling(
             break
         best = max(best, *rates)
     return best
-
-
-def efficiency(samples_per_sec: float | None, ceiling: float | None) -> float | None:
-    """A throughput as a fraction of the ceiling (the ``efficiency`` user attr)."""
-    if samples_per_sec is None or not ceiling or ceiling <= 0:
-        return None
-    return float(samples_per_sec) / float(ceiling)
-
-
-def near_ceiling(
-    study: optuna.Study, min_trials: int = 0, fraction: float = CEILING_STOP_FRACTION
-) -> optuna.trial.FrozenTrial | None:
-    """The best trial once it is within ``fraction`` of the ceiling, after ``min_trials``.
-
-    ``min_trials`` finished trials come first (the baselines and the sampler's random start), so
-    one fast first window cannot end a study before it has searched at all.
-    """
-    ceiling = study.user_attrs.get(CEILING_ATTR)
-    if not ceiling:
-        return None
-    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-    if len(finished) < min_trials:
-        return None
-    best = best_trial(study)
-    if best is None:
-        return None
-    share = efficiency(trial_throughput(best, remeasured(study)), ceiling)
-    return best if share is not None and share >= fraction else None
-
-
-def ceiling_stop_message(
-    study: optuna.Study, min_trials: int = 0, fraction: float = CEILING_STOP_FRACTION
-) -> str | None:
-    """Why the study should stop now, or None.
-
-    It stops when its best, re-measured (a single window can be lucky), is within 2% of the
-    ceiling: the caller re-measures a best that :func:`near_ceiling` names before asking.
-    """
-    best = near_ceiling(study, min_trials, fraction)
-    if best is None:
-        return None
-    medians = remeasured(study)
-    if best.number not in medians:
-        return None
-    ceiling = float(study.user_attrs[CEILING_ATTR])
-    throughput = medians[best.number]
-    return (
-        f"stopping early: trial {best.number} reaches {throughput:,.1f} samples/s re-measured, "
-        f"{throughput / ceiling:.1%} of the ceiling ({ceiling:,.1f} samples/s with data already "
-        "on the device); no DataLoader setting can be meaningfully faster"
-    )

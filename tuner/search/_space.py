@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 
 from objectives import Workload
-from tuner._settings import LoaderSettings
+from tuner.search._settings import LoaderSettings
 
 __all__ = ["SearchSpace", "SpaceError", "optuna_params", "powers_of_two"]
 

@@ -7,7 +7,8 @@ Two halves, two processes:
   (it reads ``/proc`` counters and takes deltas against the previous call, never
   ``psutil.cpu_percent(interval=...)``, which sleeps, nor its module-global state, which other
   callers would disturb). It records CPU busy and iowait shares overall and per usable core,
-  MemAvailable, swap used, and GPU utilisation and memory through a :class:`~tuner._gpu.GpuReader`.
+  MemAvailable, swap used, and GPU utilisation and memory through a
+  :class:`~tuner.machine.GpuReader`.
 * :class:`StepTimeline` runs in the trial child, inside the measurement loop: per step, the time
   spent waiting for the next batch and the time spent in the step. It keeps at most
   ``max_points`` rows by merging neighbours, so a loop of a million tiny steps sends a small
@@ -32,7 +33,7 @@ from typing import Any, TypedDict
 
 import psutil
 
-from tuner import _gpu
+from tuner.machine import _gpu
 
 __all__ = [
     "STEPS_CSV",

@@ -1,7 +1,7 @@
 """A tuning run: validate everything, create or resume the study, run trials, re-measure, report.
 
 Processes and what survives them: this study process owns the Optuna study, the database
-connection and the guard; each trial runs in a child (:mod:`tuner._supervisor`). A child that
+connection and the guard; each trial runs in a child (:mod:`tuner.trial._supervisor`). A child that
 dies costs one trial. This process dying leaves its RUNNING trial to the heartbeat: another
 worker fails it and runs the re-queued copy. A database restart is ridden out by ``with_retry``.
 Every check that can refuse the run happens in :func:`prepare`, before anything is written.
@@ -25,23 +25,24 @@ from tqdm import tqdm
 
 from objectives import Workload, load_workload
 from storage import mask_url, open_storage, storage_lock, with_retry
-from tuner import __version__, _hardware
-from tuner._artifacts import open_artifact_store
-from tuner._baselines import enqueue_baselines
-from tuner._ceiling import CEILING_ATTR, ceiling_stop_message, near_ceiling
-from tuner._gpu import GpuReader, open_gpu_reader
-from tuner._guard import GuardLimits, MemoryGuard, default_limits
-from tuner._heartbeat import heartbeat
-from tuner._naming import METRIC_NAME, study_name
-from tuner._note import save_study_note
-from tuner._probe import probe_max_batch
-from tuner._pruner import BelowBestPruner
-from tuner._remeasure import final_candidates, remeasure
-from tuner._space import SearchSpace, SpaceError
-from tuner._summary import print_summary, remeasured
-from tuner._supervisor import Supervisor
-from tuner._trial import SearchSpaceChanged, TrialRunner
-from tuner._warm_start import enqueue_warm_start
+from tuner import __version__
+from tuner._naming import CEILING_ATTR, METRIC_NAME, study_name
+from tuner.fleet._heartbeat import heartbeat
+from tuner.fleet._warm_start import enqueue_warm_start
+from tuner.insight._note import save_study_note
+from tuner.insight._summary import print_summary, remeasured
+from tuner.machine import _hardware
+from tuner.machine._gpu import GpuReader, open_gpu_reader
+from tuner.run._ceiling import ceiling_stop_message, near_ceiling
+from tuner.run._probe import probe_max_batch
+from tuner.run._remeasure import final_candidates, remeasure
+from tuner.run._runner import SearchSpaceChanged, TrialRunner
+from tuner.search._baselines import enqueue_baselines
+from tuner.search._pruner import BelowBestPruner
+from tuner.search._space import SearchSpace, SpaceError
+from tuner.trial._artifacts import open_artifact_store
+from tuner.trial._guard import GuardLimits, MemoryGuard, default_limits
+from tuner.trial._supervisor import Supervisor
 
 __all__ = [
     "SAMPLERS",

@@ -15,11 +15,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from storage import with_retry
-from tuner._ceiling import CEILING_ATTR, efficiency
-from tuner._diagnosis import diagnose_trial
-from tuner._settings import LoaderSettings
-from tuner._snippet import dataloader_snippet, extra_settings
-from tuner._summary import best_trial, remeasured, speedups, trial_throughput
+from tuner._naming import CEILING_ATTR
+from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._snippet import dataloader_snippet, extra_settings
+from tuner.insight._summary import best_trial, efficiency, remeasured, speedups, trial_throughput
+from tuner.search._settings import LoaderSettings
 
 __all__ = ["save_study_note", "study_note"]
 
