@@ -53,6 +53,7 @@ from bench._harness import (
     study_config,
     write_json,
 )
+from tuner._attrs import trial_settings
 from tuner.insight._summary import best_trial
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
@@ -174,7 +175,7 @@ def tuner_picks(
     best = best_trial(timed.result.study)
     if best is None:
         raise SystemExit("the tuner completed no trial")
-    settings = LoaderSettings.from_attrs(best.user_attrs["settings"])
+    settings = trial_settings(best)
     assert best.datetime_complete is not None
     found_s = best.datetime_complete.timestamp() - timed.started_at
     return [(f"tuner ({DEFAULT_STRATEGY} seed 0)", settings, timed.wall_s, n_trials, found_s)]

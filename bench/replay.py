@@ -37,6 +37,7 @@ import optuna
 from tqdm import tqdm
 
 from bench._harness import describe, markdown_table, settings_key
+from tuner._attrs import trial_settings
 from tuner.run import SAMPLERS, StudyConfig, make_pruner, make_sampler
 from tuner.run._remeasure import final_candidates, pick_best
 from tuner.search._pruner import BelowBestPruner
@@ -159,13 +160,12 @@ def replay(
         candidates = final_candidates(study, _default("remeasure_top"))
         runs = {
             trial.number: [
-                noisy(LoaderSettings.from_attrs(trial.user_attrs["settings"]))
-                for _ in range(_default("remeasure_rounds"))
+                noisy(trial_settings(trial)) for _ in range(_default("remeasure_rounds"))
             ]
             for trial in candidates
         }
         picked = next(t for t in candidates if t.number == pick_best(runs))
-        pick = LoaderSettings.from_attrs(picked.user_attrs["settings"])
+        pick = trial_settings(picked)
         scores[budget] = landscape.true_value(pick) / landscape.best
     return scores
 

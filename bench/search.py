@@ -61,6 +61,7 @@ from bench._harness import (
     study_config,
     write_json,
 )
+from tuner._attrs import trial_settings
 from tuner.insight._summary import best_trial
 from tuner.run import SAMPLERS
 from tuner.search._settings import LoaderSettings
@@ -179,7 +180,7 @@ def run_chain(
                 seed,
                 budget,
                 wall_s=trial_phases_s + timed.wall_s,
-                settings=LoaderSettings.from_attrs(best.user_attrs["settings"]),
+                settings=trial_settings(best),
                 trial_number=best.number,
                 found_after_s=offset_s + best.datetime_complete.timestamp() - stage_run.started_at,
                 trials=finished,
@@ -234,7 +235,7 @@ def pruning_stats(chain: str, study: optuna.Study) -> PruningStats:
         pruned.append(
             PrunedTrial(
                 f"{chain} #{trial.number}",
-                LoaderSettings.from_attrs(trial.user_attrs["settings"]),
+                trial_settings(trial),
                 max(values) if values else 0.0,
                 duration,
             )

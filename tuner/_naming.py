@@ -11,6 +11,7 @@ __all__ = [
     "MEMORY_REASONS",
     "METRIC_NAME",
     "REMEASURED_ATTR",
+    "SETTINGS_ATTR",
     "is_memory_reason",
     "objective_label",
     "study_name",
@@ -20,6 +21,8 @@ BASELINE_PYTORCH_DEFAULT = "pytorch-default"
 BASELINE_RULE_OF_THUMB = "rule-of-thumb"
 METRIC_NAME = "samples_per_sec"
 REMEASURED_ATTR = "remeasured_samples_per_sec"
+SETTINGS_ATTR = "settings"
+"""Trial user attr: the complete setting it measured; read and written through tuner._attrs."""
 CEILING_ATTR = "ceiling_samples_per_sec"
 """Study user attr: the step alone on prepared data, the most any DataLoader setting can reach."""
 """Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""

@@ -84,10 +84,14 @@ def test_module_attr(attr: str) -> None:
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_module_workload_in_workers(context: str) -> None:
+    """Workers (forked or spawned) rebuild the module's dataset: every sample arrives once, and
+    the step (which checks each target is its input squared) accepts every batch."""
     workload = load_workload("tests.objectives_tests.sample_workload:make_workload")
     step = workload.train_step(torch.device("cpu"))
-    for batch in worker_batches(workload, 8, context):
+    batches = worker_batches(workload, 8, context)
+    for batch in batches:
         step(batch)
+    assert sorted(int(value) for inputs, _ in batches for value in inputs[:, 0]) == list(range(40))
 
 
 @pytest.mark.usefixtures("isolated_imports")

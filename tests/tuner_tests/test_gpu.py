@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import logging
-from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -11,10 +10,10 @@ from tuner.machine._gpu import (
     GpuReading,
     NoGpuReader,
     NvmlGpuReader,
-    StaticGpuReader,
     gpu_memory_used_bytes,
     open_gpu_reader,
 )
+from tuner.testing import StaticGpuReader, fake_nvml
 
 GiB = 2**30
 
@@ -77,59 +76,6 @@ def test_open_with_nvml_reads_every_device() -> None:
 
 
 # --- NvmlGpuReader against a stand-in pynvml (no GPU on the test machine) ----------------------
-
-
-class FakeNVMLError(Exception):
-    pass
-
-
-def fake_nvml(
-    *,
-    device_count: int = 2,
-    memory_v2: bool = True,
-    utilization: bool = True,
-    init_error: str | None = None,
-    name_as_bytes: bool = True,
-) -> ModuleType:
-    """A module with the few pynvml functions the reader calls, recording the calls."""
-    nvml = ModuleType("fake_pynvml")
-    calls: list[str] = []
-
-    def init() -> None:
-        calls.append("init")
-        if init_error is not None:
-            raise FakeNVMLError(init_error)
-
-    def memory_info(handle: int, version: int | None = None) -> SimpleNamespace:
-        calls.append(f"memory_v{2 if version else 1}")
-        if version is not None and not memory_v2:
-            raise FakeNVMLError("Function Not Found")
-        reserved = 0 if version else GiB // 4  # v1 counts the driver's reserve as used
-        return SimpleNamespace(used=(handle + 1) * GiB + reserved, total=80 * GiB)
-
-    def utilization_rates(handle: int) -> SimpleNamespace:
-        if not utilization:
-            raise FakeNVMLError("Not Supported")
-        return SimpleNamespace(gpu=10 * (handle + 1), memory=5)
-
-    def name(handle: int) -> str | bytes:
-        text = f"NVIDIA H200 #{handle}"
-        return text.encode() if name_as_bytes else text
-
-    nvml.__dict__.update(
-        NVMLError=FakeNVMLError,
-        nvmlMemory_v2=0x02000028,
-        calls=calls,
-        nvmlInit=init,
-        nvmlShutdown=lambda: calls.append("shutdown"),
-        nvmlSystemGetDriverVersion=lambda: b"550.54.15",
-        nvmlDeviceGetCount=lambda: device_count,
-        nvmlDeviceGetHandleByIndex=lambda index: index,
-        nvmlDeviceGetName=name,
-        nvmlDeviceGetMemoryInfo=memory_info,
-        nvmlDeviceGetUtilizationRates=utilization_rates,
-    )
-    return nvml
 
 
 def test_nvml_reader_prefers_memory_info_v2() -> None:

@@ -31,6 +31,7 @@ from tuner.machine._hardware import (
 from tuner.machine._hardware import (
     _read_gpus as read_gpus,
 )
+from tuner.testing import StaticGpuReader
 
 STUDY_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
 
@@ -119,7 +120,7 @@ def test_g4dn_xlarge_on_this_machine_lists_differences(catalog: dict[str, Profil
 
 
 def test_read_gpus_orders_devices_and_reads_driver(monkeypatch: pytest.MonkeyPatch) -> None:
-    reader = _gpu.StaticGpuReader(
+    reader = StaticGpuReader(
         [_gpu.GpuDevice(1, "Tesla T4", 15 * GIB), _gpu.GpuDevice(0, "NVIDIA A100", 40 * GIB)],
         driver_version="550.54.15",
     )

@@ -2,7 +2,7 @@
 
 Every trial here is a real forkserver child running a real DataLoader over the misbehaving
 workloads of :mod:`tests.tuner_tests.workloads`; the only stand-in is the GPU
-(:class:`tuner.machine._gpu.StaticGpuReader`), because this machine has none.
+(:class:`tuner.testing.StaticGpuReader`), because this machine has none.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import psutil
 import pytest
 
 from tests.tuner_tests.workloads import SHM_FILE_PREFIX
-from tuner.machine._gpu import GpuDevice, GpuReading, NoGpuReader, StaticGpuReader
+from tuner.machine._gpu import GpuDevice, GpuReading, NoGpuReader
 from tuner.machine._memory import process_tree, shm_usage
 from tuner.search._settings import LoaderSettings
+from tuner.testing import StaticGpuReader
 from tuner.trial._guard import GuardLimits, MemoryGuard, default_limits
 from tuner.trial._outcome import TrialOutcome
 from tuner.trial._protocol import Job, Mode

@@ -18,8 +18,9 @@ import torch
 from objectives import Workload
 from tests.tuner_tests.workloads import Vectors, _sum_step
 from tuner.insight._diagnosis import diagnose
-from tuner.machine._gpu import GpuDevice, GpuReading, StaticGpuReader
+from tuner.machine._gpu import GpuDevice, GpuReading
 from tuner.search._settings import LoaderSettings
+from tuner.testing import StaticGpuReader
 from tuner.trial._measure import measure
 from tuner.trial._telemetry import (
     STEPS_CSV,

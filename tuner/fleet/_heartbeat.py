@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 from optuna.storages import BaseStorage
 
+from storage import is_connection_error
+
 __all__ = ["heartbeat"]
 
 _log = logging.getLogger("tuner")
@@ -33,7 +35,10 @@ def heartbeat(storage: BaseStorage, trial_id: int, interval_s: int) -> Iterator[
         while True:
             try:
                 record(trial_id)
-            except Exception:  # the database is restarting: the next beat will do
+            except Exception as error:
+                if not is_connection_error(error):
+                    raise  # a bug, not a hiccup: the thread's excepthook reports it
+                # The database is restarting: the next beat will do.
                 _log.debug("heartbeat not recorded", exc_info=True)
             if stop.wait(interval_s):
                 return

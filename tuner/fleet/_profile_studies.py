@@ -11,7 +11,8 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.insight._summary import best_trial, remeasured, trial_throughput
+from tuner._attrs import remeasured, stored_settings
+from tuner.insight._summary import best_trial, trial_throughput
 from tuner.machine._hardware import Profile
 
 __all__ = ["StoredStudy", "stored_studies"]
@@ -60,7 +61,7 @@ def stored_studies(storage: optuna.storages.BaseStorage) -> list[StoredStudy]:
                 profile=profile,
                 finished_trials=len(trials),
                 best_samples_per_sec=trial_throughput(best, remeasured(study)) if best else None,
-                best_settings=best.user_attrs.get("settings") if best else None,
+                best_settings=stored_settings(best) if best else None,
             )
         )
     return result

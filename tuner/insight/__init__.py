@@ -8,9 +8,10 @@ Pure readers of stored studies: nothing here runs a trial.
 
 from __future__ import annotations
 
+from tuner._attrs import remeasured
 from tuner.insight._best import BestSetting, NoResultError, best_params, find_best
 from tuner.insight._diagnosis import Diagnosis, diagnose, diagnose_trial
-from tuner.insight._summary import best_trial, efficiency, print_summary, remeasured
+from tuner.insight._summary import best_trial, efficiency, print_summary
 
 __all__ = [
     "BestSetting",

@@ -9,8 +9,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from storage import default_storage_url, mask_url, open_storage, sqlite_file_missing
+from tuner._attrs import remeasured, study_batch_param, trial_settings
 from tuner._naming import study_name
-from tuner.insight._summary import best_trial, remeasured, trial_throughput
+from tuner.insight._summary import best_trial, trial_throughput
 from tuner.machine import _hardware
 from tuner.search._settings import LoaderSettings
 
@@ -72,8 +73,8 @@ def find_best(
     return BestSetting(
         study_name=name,
         trial=best,
-        settings=LoaderSettings.from_attrs(best.user_attrs["settings"]),
-        batch_param=loaded.user_attrs.get("batch_param", "batch_size"),
+        settings=trial_settings(best),
+        batch_param=study_batch_param(loaded),
         samples_per_sec=trial_throughput(best, remeasured(loaded)),
         finished_trials=finished,
     )

@@ -26,7 +26,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial
 
-from tuner._naming import is_memory_reason
+from tuner._naming import SETTINGS_ATTR, is_memory_reason
 from tuner.trial._guard import GuardLimits
 from tuner.trial._telemetry import TelemetrySummary
 
@@ -108,7 +108,7 @@ def _memory_trouble(
 
 
 def _workers(attrs: Mapping[str, Any]) -> str:
-    settings = attrs.get("settings") or {}
+    settings = attrs.get(SETTINGS_ATTR) or {}
     workers = settings.get("num_workers")
     return f" (now {workers})" if workers is not None else ""
 

@@ -15,11 +15,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from storage import with_retry
+from tuner._attrs import remeasured, study_batch_param, trial_settings
 from tuner._naming import CEILING_ATTR
 from tuner.insight._diagnosis import diagnose_trial
 from tuner.insight._snippet import dataloader_snippet, extra_settings
-from tuner.insight._summary import best_trial, efficiency, remeasured, speedups, trial_throughput
-from tuner.search._settings import LoaderSettings
+from tuner.insight._summary import best_trial, efficiency, speedups, trial_throughput
 
 __all__ = ["save_study_note", "study_note"]
 
@@ -101,8 +101,8 @@ def study_note(study: optuna.Study) -> str:
         advice = diagnosis.advice[:1].upper() + diagnosis.advice[1:]
         lines += [f"**Diagnosis: {diagnosis.bottleneck}.** {advice}.", ""]
 
-    batch_param = study.user_attrs.get("batch_param", "batch_size")
-    settings = LoaderSettings.from_attrs(best.user_attrs["settings"])
+    batch_param = study_batch_param(study)
+    settings = trial_settings(best)
     parameters = {
         **settings.dataloader_kwargs(batch_param),
         **extra_settings(settings, batch_param),

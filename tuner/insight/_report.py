@@ -22,9 +22,10 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
+from tuner._attrs import has_settings, remeasured, study_batch_param, trial_settings
 from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
 from tuner.insight._diagnosis import diagnose_trial
-from tuner.insight._summary import best_trial, efficiency, remeasured, trial_throughput
+from tuner.insight._summary import best_trial, efficiency, trial_throughput
 from tuner.search._settings import LoaderSettings
 from tuner.trial._artifacts import read_trial_text
 from tuner.trial._telemetry import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
@@ -56,7 +57,7 @@ def trial_timeline(
 
 
 def _settings(trial: FrozenTrial) -> LoaderSettings:
-    return LoaderSettings.from_attrs(trial.user_attrs["settings"])
+    return trial_settings(trial)
 
 
 def _hover(trial: FrozenTrial, batch_param: str) -> str:
@@ -280,11 +281,11 @@ def _section(title: str, figure: go.Figure | None, div_id: str, missing: str) ->
 def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = None) -> str:
     """The whole report as one HTML document; the caller has checked a trial completed."""
     trials = study.get_trials(deepcopy=False)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and "settings" in t.user_attrs]
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and has_settings(t)]
     best = best_trial(study)
     if best is None or not complete:
         raise ValueError(f"study {study.study_name} has no completed trial")
-    batch_param = study.user_attrs.get("batch_param", "batch_size")
+    batch_param = study_batch_param(study)
     ceiling = study.user_attrs.get(CEILING_ATTR)
     ceiling = float(ceiling) if ceiling else None
 

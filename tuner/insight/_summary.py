@@ -8,22 +8,20 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner._attrs import remeasured, stored_best_number, trial_settings
 from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
     BASELINE_RULE_OF_THUMB,
     CEILING_ATTR,
-    REMEASURED_ATTR,
 )
 from tuner.insight._diagnosis import diagnose_trial
 from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._table import format_table
-from tuner.search._settings import LoaderSettings
 
 __all__ = [
     "best_trial",
     "efficiency",
     "print_summary",
-    "remeasured",
     "speedups",
     "trial_throughput",
 ]
@@ -34,12 +32,6 @@ def efficiency(samples_per_sec: float | None, ceiling: float | None) -> float | 
     if samples_per_sec is None or not ceiling or ceiling <= 0:
         return None
     return float(samples_per_sec) / float(ceiling)
-
-
-def remeasured(study: optuna.Study) -> dict[int, float]:
-    """Trial number -> median re-measured samples/sec, from the study's attrs."""
-    stored = study.user_attrs.get(REMEASURED_ATTR, {})
-    return {int(number): float(value) for number, value in stored.items()}
 
 
 def trial_throughput(trial: FrozenTrial, medians: Mapping[int, float]) -> float:
@@ -58,7 +50,7 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
         return None
     medians = remeasured(study)
     by_number = {trial.number: trial for trial in complete}
-    number = study.user_attrs.get("best_trial_number")
+    number = stored_best_number(study)
     newest = max(complete, key=lambda t: t.value or 0.0)
     if number not in by_number:
         return newest
@@ -83,7 +75,7 @@ def speedups(study: optuna.Study, best: FrozenTrial) -> dict[str, float]:
 
 
 def _row(trial: FrozenTrial, medians: Mapping[int, float]) -> list[Any]:
-    settings = LoaderSettings.from_attrs(trial.user_attrs["settings"])
+    settings = trial_settings(trial)
     again = medians.get(trial.number)
     knobs = ",".join(f"{k}={v}" for k, v in settings.knobs.items())
     return [
@@ -153,6 +145,6 @@ def print_summary(
     diagnosis = diagnose_trial(best)
     if diagnosis is not None:
         print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)
-    settings = LoaderSettings.from_attrs(best.user_attrs["settings"])
+    settings = trial_settings(best)
     print("\n" + dataloader_snippet(settings, batch_param), file=out)
     return best

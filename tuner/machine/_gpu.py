@@ -3,8 +3,8 @@
 The guard and the hardware fingerprint talk to a :class:`GpuReader`. :func:`open_gpu_reader`
 gives the real :class:`NvmlGpuReader` where NVML and a device exist, and a :class:`NoGpuReader`
 elsewhere, so a machine without a GPU runs the same code with the GPU side switched off.
-:class:`StaticGpuReader` plays given readings; it is the only stand-in for a GPU, for tests and
-for machines that have none.
+:class:`tuner.testing.StaticGpuReader` plays given readings: the one stand-in for a GPU, for tests
+and for machines that have none.
 
 Thread safety: a reader is used by one thread (the guard's sampler); NVML itself is
 thread-safe, but ``close`` must not race a ``read``.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -26,7 +25,6 @@ __all__ = [
     "GpuReading",
     "NoGpuReader",
     "NvmlGpuReader",
-    "StaticGpuReader",
     "gpu_memory_used_bytes",
     "open_gpu_reader",
 ]
@@ -160,42 +158,6 @@ class NoGpuReader:
 
     def close(self) -> None:
         pass
-
-
-class StaticGpuReader:
-    """Plays given GPU readings: the one stand-in for a GPU, for tests and GPU-less machines.
-
-    Each ``read`` returns the next of ``frames`` and the last frame repeats once they run out,
-    so a test can script memory climbing towards a limit and staying there.
-    """
-
-    def __init__(
-        self,
-        devices: Sequence[GpuDevice],
-        frames: Sequence[Sequence[GpuReading]] = (),
-        driver_version: str | None = None,
-    ) -> None:
-        self._devices = list(devices)
-        self._frames = [list(frame) for frame in frames]
-        self._next_frame = 0
-        self._lock = threading.Lock()
-        self.available = bool(self._devices)
-        self.driver_version = driver_version
-        self.closed = False
-
-    def devices(self) -> list[GpuDevice]:
-        return list(self._devices)
-
-    def read(self) -> list[GpuReading]:
-        with self._lock:  # the guard's sampler thread and a test may both read
-            if not self._frames:
-                return []
-            frame = self._frames[min(self._next_frame, len(self._frames) - 1)]
-            self._next_frame += 1
-        return list(frame)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def open_gpu_reader(

@@ -14,8 +14,9 @@ import logging
 import optuna
 from optuna.trial import TrialState
 
+from tuner._attrs import remeasured
 from tuner._naming import CEILING_ATTR
-from tuner.insight._summary import best_trial, efficiency, remeasured, trial_throughput
+from tuner.insight._summary import best_trial, efficiency, trial_throughput
 from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
 from tuner.run._tools import make_job

@@ -20,9 +20,8 @@ from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
 from storage import storage_lock, with_retry
-from tuner._naming import REMEASURED_ATTR
+from tuner._attrs import record_remeasured, stored_settings, trial_settings
 from tuner.run._runner import TrialRunner
-from tuner.search._settings import LoaderSettings
 
 __all__ = ["final_candidates", "pick_best", "remeasure"]
 
@@ -36,7 +35,7 @@ def final_candidates(study: optuna.Study, top: int) -> list[FrozenTrial]:
     chosen: list[FrozenTrial] = []
     seen: list[dict[str, Any]] = []
     for trial in ranked:
-        settings = trial.user_attrs.get("settings")
+        settings = stored_settings(trial)
         is_baseline = "baseline" in trial.user_attrs
         if settings in seen and not is_baseline:
             continue
@@ -78,7 +77,7 @@ def remeasure(
     ) as bar:
         for _ in range(rounds):
             for trial in trials:
-                outcome = runner.measure(LoaderSettings.from_attrs(trial.user_attrs["settings"]))
+                outcome = runner.measure(trial_settings(trial))
                 if outcome.state == "complete":
                     runs[trial.number].append(float(outcome.attrs["samples_per_sec"]))
                 bar.update()
@@ -89,10 +88,7 @@ def remeasure(
 
     def record() -> None:
         with storage_lock(storage_url, study.study_name):
-            stored = dict(study.user_attrs.get(REMEASURED_ATTR, {}))
-            stored.update({str(n): v for n, v in medians.items()})
-            study.set_user_attr(REMEASURED_ATTR, stored)
-            study.set_user_attr("best_trial_number", best_number)
+            record_remeasured(study, medians, best_number)
 
     with_retry(record, "recording re-measurements")
     return medians

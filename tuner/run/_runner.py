@@ -16,7 +16,8 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 
 from storage import is_connection_error, with_retry
-from tuner._naming import is_memory_reason
+from tuner._attrs import has_settings, settings_attrs, stored_settings, trial_settings
+from tuner._naming import SETTINGS_ATTR, is_memory_reason
 from tuner.insight._diagnosis import diagnose
 from tuner.insight._summary import efficiency
 from tuner.machine._gpu import GpuReader
@@ -47,13 +48,13 @@ def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, Load
         if trial.state == TrialState.PRUNED and is_memory_reason(
             trial.user_attrs.get("pruned_reason")
         ):
-            settings = trial.user_attrs.get("settings")
+            settings = stored_settings(trial)
             if settings is not None:
                 walls.append((trial.number, LoaderSettings.from_attrs(settings)))
     return walls
 
 
-REPEAT_ATTRS_SKIPPED = ("settings", "machine", "baseline", "warm_start_from", "repeat_of")
+REPEAT_ATTRS_SKIPPED = (SETTINGS_ATTR, "machine", "baseline", "warm_start_from", "repeat_of")
 """What a repeat does not copy from its twin: who ran it and why, rather than what was measured."""
 
 
@@ -68,7 +69,7 @@ def measured_twin(
     """
     wanted = settings.to_attrs()
     for trial in trials:
-        if trial.user_attrs.get("settings") != wanted:
+        if stored_settings(trial) != wanted:
             continue
         if trial.state == TrialState.COMPLETE or (
             trial.state == TrialState.PRUNED and trial.user_attrs.get("pruned_reason") == "pruner"
@@ -131,8 +132,7 @@ class TrialRunner:
     def settings_for(self, trial: optuna.Trial) -> LoaderSettings:
         """Enqueued trials (baselines, warm starts, retries) carry their exact setting."""
         sampled = self.space.suggest(trial)
-        enqueued = trial.user_attrs.get("settings")
-        return LoaderSettings.from_attrs(enqueued) if enqueued is not None else sampled
+        return trial_settings(trial) if has_settings(trial) else sampled
 
     def run(self, study: optuna.Study, trial: optuna.Trial) -> TrialOutcome:
         """Run ``trial`` to its end and tell the study; never raises for the trial's own failure."""
@@ -170,7 +170,7 @@ class TrialRunner:
         settings: LoaderSettings,
         outcome: TrialOutcome,
     ) -> None:
-        attrs: dict[str, Any] = {"settings": settings.to_attrs(), "machine": self.machine_attrs}
+        attrs: dict[str, Any] = {**settings_attrs(settings), "machine": self.machine_attrs}
         attrs.update(outcome.attrs)
         if outcome.reason is not None:
             attrs["pruned_reason"] = outcome.reason

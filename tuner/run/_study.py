@@ -24,11 +24,12 @@ from tqdm import tqdm
 
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
+from tuner._attrs import BATCH_PARAM_ATTR, remeasured
 from tuner._naming import METRIC_NAME
 from tuner.fleet._heartbeat import heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight._note import save_study_note
-from tuner.insight._summary import print_summary, remeasured
+from tuner.insight._summary import print_summary
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling, study_ceiling
 from tuner.run._config import ConfigError, PreparedStudy, StudyConfig, prepare
 from tuner.run._probe import study_max_batch
@@ -111,7 +112,7 @@ def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
             study.set_user_attr("profile", dataclasses.asdict(prepared.profile))
             study.set_user_attr("workload", prepared.workload.description or prepared.workload.name)
             study.set_user_attr("objective", config.objective)
-            study.set_user_attr("batch_param", prepared.workload.batch_param)
+            study.set_user_attr(BATCH_PARAM_ATTR, prepared.workload.batch_param)
             study.set_user_attr("workload_options", config.objective_options)
             study.set_user_attr("tuner_version", __version__)
         stored_options = study.user_attrs.get("workload_options", {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import optuna
 
-from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB
+from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, SETTINGS_ATTR
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
 
@@ -39,7 +39,7 @@ def enqueue_settings(
     """Queue ``settings`` as the study's next trial; the ``settings`` attr makes it exact."""
     study.enqueue_trial(
         space.params_for(settings),
-        user_attrs={"settings": settings.to_attrs(), **user_attrs},
+        user_attrs={SETTINGS_ATTR: settings.to_attrs(), **user_attrs},
         skip_if_exists=False,
     )
 

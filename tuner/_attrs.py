@@ -1,0 +1,91 @@
+"""One accessor per recorded fact: every writer and every reader of a study or trial attr goes
+through here, so a key is spelled once and a value is parsed one way.
+
+Trial user attr ``settings``: the complete setting a trial measured (sampled, fixed and derived
+values alike). Study user attrs: ``batch_param`` (the workload's batch parameter),
+``remeasured_samples_per_sec`` (trial number, as text, -> the median of its fresh rounds) and
+``best_trial_number`` (the re-measured winner). Readers take Optuna's ``FrozenTrial`` or a live
+``Trial`` alike: both expose ``user_attrs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import optuna
+
+from tuner._naming import REMEASURED_ATTR, SETTINGS_ATTR
+from tuner.search._settings import LoaderSettings
+
+__all__ = [
+    "BATCH_PARAM_ATTR",
+    "BEST_TRIAL_ATTR",
+    "SETTINGS_ATTR",
+    "has_settings",
+    "record_remeasured",
+    "remeasured",
+    "settings_attrs",
+    "stored_best_number",
+    "stored_settings",
+    "study_batch_param",
+    "trial_settings",
+]
+
+BATCH_PARAM_ATTR = "batch_param"
+BEST_TRIAL_ATTR = "best_trial_number"
+
+
+class _HasUserAttrs(Protocol):
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
+
+
+def settings_attrs(settings: LoaderSettings) -> dict[str, Any]:
+    """The ``settings`` user attr of a trial that measures ``settings``, as a one-key mapping."""
+    return {SETTINGS_ATTR: settings.to_attrs()}
+
+
+def has_settings(trial: _HasUserAttrs) -> bool:
+    """Whether a trial carries its setting (every trial the tuner records or enqueues does)."""
+    return SETTINGS_ATTR in trial.user_attrs
+
+
+def stored_settings(trial: _HasUserAttrs) -> dict[str, Any] | None:
+    """The ``settings`` attr as stored, for comparing settings without parsing them."""
+    return trial.user_attrs.get(SETTINGS_ATTR)
+
+
+def trial_settings(trial: _HasUserAttrs) -> LoaderSettings:
+    """The setting a trial measured (or was enqueued with)."""
+    return LoaderSettings.from_attrs(trial.user_attrs[SETTINGS_ATTR])
+
+
+def study_batch_param(study: optuna.Study | Mapping[str, Any]) -> str:
+    """The workload's batch parameter (``batch_size``, or a token budget such as ``max_tokens``)."""
+    attrs = study if isinstance(study, Mapping) else study.user_attrs
+    return str(attrs.get(BATCH_PARAM_ATTR, "batch_size"))
+
+
+def remeasured(study: optuna.Study) -> dict[int, float]:
+    """Trial number -> median re-measured samples/sec."""
+    stored = study.user_attrs.get(REMEASURED_ATTR, {})
+    return {int(number): float(value) for number, value in stored.items()}
+
+
+def stored_best_number(study: optuna.Study) -> int | None:
+    """The re-measured winner's trial number, where the study has been re-measured."""
+    number = study.user_attrs.get(BEST_TRIAL_ATTR)
+    return None if number is None else int(number)
+
+
+def record_remeasured(study: optuna.Study, medians: Mapping[int, float], best: int) -> None:
+    """Merge ``medians`` into the stored ones and name ``best`` the winner.
+
+    The caller holds the study lock: concurrent workers of a fleet would otherwise overwrite
+    each other's medians.
+    """
+    stored = dict(study.user_attrs.get(REMEASURED_ATTR, {}))
+    stored.update({str(number): value for number, value in medians.items()})
+    study.set_user_attr(REMEASURED_ATTR, stored)
+    study.set_user_attr(BEST_TRIAL_ATTR, best)
