@@ -36,8 +36,8 @@ import torch
 from tqdm import tqdm
 
 import tuner.run._study as study_module
+from tuner.machine import cpu_model_name
 from tuner.machine._gpu import open_gpu_reader
-from tuner.machine._hardware import cpu_model_name
 from tuner.run._runner import TrialRunner
 from tuner.run._study import PreparedStudy, StudyConfig, StudyResult, prepare, run_study
 from tuner.search._baselines import baseline_settings

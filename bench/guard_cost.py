@@ -30,7 +30,8 @@ from typing import Any
 
 import psutil
 
-from tuner.machine._memory import format_bytes, process_tree
+from tuner.machine._memory import format_bytes
+from tuner.machine._process import process_tree
 from tuner.search._settings import LoaderSettings
 from tuner.trial._guard import GuardReading, MemoryGuard, default_limits
 from tuner.trial._supervisor import Supervisor

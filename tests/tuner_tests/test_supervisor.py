@@ -21,7 +21,8 @@ import pytest
 
 from tests.tuner_tests.workloads import SHM_FILE_PREFIX
 from tuner.machine._gpu import GpuDevice, GpuReading, NoGpuReader, StaticGpuReader
-from tuner.machine._memory import process_tree, shm_usage
+from tuner.machine._memory import shm_usage
+from tuner.machine._process import process_tree
 from tuner.search._settings import LoaderSettings
 from tuner.trial._guard import GuardLimits, MemoryGuard, default_limits
 from tuner.trial._outcome import TrialOutcome

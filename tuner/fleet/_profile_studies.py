@@ -12,7 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.insight._summary import best_trial, remeasured, trial_throughput
-from tuner.machine._hardware import Profile
+from tuner.machine import Profile
 
 __all__ = ["StoredStudy", "stored_studies"]
 

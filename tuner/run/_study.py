@@ -31,7 +31,16 @@ from tuner.fleet._heartbeat import heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight._note import save_study_note
 from tuner.insight._summary import print_summary, remeasured
-from tuner.machine import _hardware
+from tuner.machine import (
+    AUTO_PROFILE,
+    Fingerprint,
+    Profile,
+    auto_profile_name,
+    detect_fingerprint,
+    load_catalog,
+    profile_mismatches,
+    resolve_profile,
+)
 from tuner.machine._gpu import GpuReader, open_gpu_reader
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling
 from tuner.run._probe import probe_max_batch
@@ -100,8 +109,8 @@ class PreparedStudy:
     """A validated run: nothing has been written yet."""
 
     config: StudyConfig
-    profile: _hardware.Profile
-    fingerprint: _hardware.Fingerprint
+    profile: Profile
+    fingerprint: Fingerprint
     workload: Workload
     space: SearchSpace
     device: str
@@ -138,11 +147,11 @@ def prepare(config: StudyConfig) -> PreparedStudy:
         raise ConfigError("--trial-seconds must be positive and --warmup-seconds not negative")
     if config.sampler not in SAMPLERS:
         raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {config.sampler!r}")
-    fingerprint = _hardware.detect_fingerprint()
-    catalog = _hardware.load_catalog(config.profiles_file)
-    profile = _hardware.resolve_profile(config.hardware, catalog, fingerprint)
-    differences = _hardware.profile_mismatches(profile, fingerprint)
-    if differences and config.hardware != _hardware.AUTO_PROFILE:
+    fingerprint = detect_fingerprint()
+    catalog = load_catalog(config.profiles_file)
+    profile = resolve_profile(config.hardware, catalog, fingerprint)
+    differences = profile_mismatches(profile, fingerprint)
+    if differences and config.hardware != AUTO_PROFILE:
         raise ConfigError(
             f"this machine does not match profile {profile.name}: {'; '.join(differences)}"
             " (use --hardware auto to tune this machine as it is)"
@@ -316,7 +325,7 @@ def _runner(
 ) -> TrialRunner:
     config = prepared.config
     machine = {
-        "profile": _hardware.auto_profile_name(prepared.fingerprint),
+        "profile": auto_profile_name(prepared.fingerprint),
         **prepared.fingerprint.to_attrs(),
     }
     return TrialRunner(
