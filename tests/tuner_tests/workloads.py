@@ -1,4 +1,4 @@
-"""Small user-style workloads for the tuner's tests: fast, leaky, hanging, raising, dying.
+"""Small user-style workloads for the tuner's tests: fast, leaky, ramping, hanging, raising, dying.
 
 They are real workloads (real datasets, real DataLoader workers); each misbehaves the way user
 code does in the field, so the supervisor and the guard are tested against the real thing.
@@ -48,6 +48,24 @@ class Leaky(Vectors):
         return super().__getitem__(index)
 
 
+class Ramping(Vectors):
+    """Each worker keeps 4 MiB for each of its first 24 samples, then nothing more: memory
+    climbs fast for a moment (like a worker's start and its first batches) and then holds."""
+
+    def __init__(self, blocks: int = 24) -> None:
+        super().__init__(size=10_000)
+        self.blocks = blocks
+        self._kept: list[bytearray] = []
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if len(self._kept) < self.blocks:
+            block = bytearray(4 * 2**20)
+            block[::4096] = b"x" * len(block[::4096])
+            self._kept.append(block)
+        time.sleep(0.002)
+        return super().__getitem__(index)
+
+
 class Hanging(Vectors):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         time.sleep(3600)
@@ -90,6 +108,16 @@ def leaky() -> Workload:
         step=_sum_step,
         default_batch_size=16,
         batch_size_range=(16, 16),
+    )
+
+
+def ramping() -> Workload:
+    return Workload(
+        name="ramping",
+        dataset=Ramping(),
+        step=_sum_step,
+        default_batch_size=8,
+        batch_size_range=(8, 8),
     )
 
 

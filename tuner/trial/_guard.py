@@ -10,8 +10,9 @@ setting did not fit, and the study's memory wall is built from such breaches onl
 a breach is predicted from growth, the reading projected over the next two samples plus the
 time a kill takes, but only on evidence that the growth lasts: an exact reading already within
 10% of the limit, or growth at every exact reading for 0.6 s within one unchanged process tree,
-projected at its latest speed. The startup ramp (workers forking, their first pages and
-batches) grows fast and stops by itself; extrapolating it pruned settings at half their limit.
+projected at the slowest of its last three intervals. The startup ramp (workers forking, their
+first pages and batches) grows fast and stops by itself; extrapolating it pruned settings at
+half their limit.
 
 What it reads, and what that costs. ``host`` is the trial's process tree by PSS (pages shared
 after fork counted once), exact but milliseconds per process, so it is read only when it can
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -185,11 +187,12 @@ class _Series:
         return max(0.0, (v1 - v0) / (t1 - t0)) if t1 > t0 else 0.0
 
     def sustained_rate_per_s(self) -> float | None:
-        """The latest speed of growth that rose at every reading for :data:`SUSTAINED_S`.
+        """The speed growth has kept, if it rose at every reading for :data:`SUSTAINED_S`.
 
-        None when the last readings do not all rise, or span too little time: a ramp that
-        slows or a single jump is not extrapolated. The speed is that of the last two
-        intervals, so a ramp's first burst does not inflate it.
+        None when the last readings do not all rise, or span too little time: a single jump
+        is not extrapolated. The speed is the slowest of the last three intervals, so a ramp
+        that is slowing down (its first burst behind it) projects at its new pace, while a
+        leak, steady, projects at its own.
         """
         points = list(self._points)
         run = 1
@@ -198,8 +201,9 @@ class _Series:
         rising = points[-run:]
         if len(rising) < SUSTAINED_READINGS or rising[-1][0] - rising[0][0] < SUSTAINED_S:
             return None
-        (t0, v0), (t1, v1) = rising[-3], rising[-1]
-        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+        recent = rising[-SUSTAINED_READINGS:]
+        speeds = [(v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in itertools.pairwise(recent)]
+        return min(speeds)
 
 
 class MemoryGuard:
