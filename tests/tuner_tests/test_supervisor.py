@@ -24,7 +24,7 @@ from tuner.machine._gpu import GpuDevice, GpuReading, NoGpuReader, StaticGpuRead
 from tuner.machine._memory import shm_usage
 from tuner.machine._process import process_tree
 from tuner.search._settings import LoaderSettings
-from tuner.trial._guard import GuardLimits, MemoryGuard, default_limits
+from tuner.trial._guard import GuardLimits, GuardReading, MemoryGuard, default_limits
 from tuner.trial._outcome import TrialOutcome
 from tuner.trial._supervisor import Supervisor
 
@@ -185,6 +185,31 @@ def test_normal_workload_is_never_stopped_by_default_limits(settings: LoaderSett
     assert "guard_reading_bytes" not in outcome.attrs
     assert 0 < outcome.attrs["peak_host_memory_bytes"] < limits.host_bytes
     assert watcher.survivors() == []
+
+
+class CountingGuard(MemoryGuard):
+    """The real guard, counting its readings and how many of them read PSS exactly."""
+
+    readings: int = 0
+    exact: int = 0
+
+    def sample(self, tree: list[psutil.Process] | None = None) -> GuardReading:
+        reading = super().sample(tree)
+        self.readings += 1
+        self.exact += reading.tree_exact
+        return reading
+
+
+def test_steady_memory_is_not_read_exactly_at_every_tick() -> None:
+    guard = CountingGuard(default_limits())
+    settings = LoaderSettings(batch=32, num_workers=2, prefetch_factor=2, persistent_workers=True)
+
+    outcome = Supervisor(guard).run(make_job("fast", settings, window_s=3.0), deadline_s=60.0)
+
+    assert outcome.state == "complete", outcome
+    assert guard.readings >= 15
+    # The tree's start (the child, then its workers) and one periodic reading, not every tick.
+    assert 2 <= guard.exact <= guard.readings // 3
 
 
 # --- the guard stops a leak --------------------------------------------------------------------
