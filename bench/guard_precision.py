@@ -4,7 +4,7 @@
 
 1. Peaks: a grid of settings (workers 0..3, three batch sizes, prefetch 2 and 4), each measured
    once as a trial measures it, under the default limits (90% of RAM: nothing here comes near),
-   for its samples/s and its real peak (``peak_host_memory_bytes``, the tree's PSS).
+   for its samples/s and its real peak: the tree's PSS read exactly at every tick.
 2. Studies: ``run_study`` as the CLI runs it (``--memory-limit L``, the default sampler, the
    probe on, no final re-measurement) at ``--limits`` limits spread between the smallest and the
    largest peak, one SQLite file each, ``--trials`` trials each.
@@ -52,11 +52,20 @@ from tuner._naming import is_memory_reason
 from tuner.machine._memory import format_bytes
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
+from tuner.trial._guard import MemoryGuard
 
 FALSE_ALARM_FRACTION = 0.9
 """Pruned with a real peak below this share of the limit: a false alarm (the issue's rule)."""
 
 OOM_REASONS = ("host_oom", "trial_killed: SIGKILL")
+
+
+class ExactGuard(MemoryGuard):
+    """The guard reading the tree's PSS exactly at every tick: the reference for real peaks
+    (the guard under test estimates between exact readings)."""
+
+    def _exact_due(self, rss: int, pids: frozenset[int], at: float) -> bool:
+        return True
 
 
 @dataclasses.dataclass
@@ -269,6 +278,7 @@ def run_workload(name: str, args: argparse.Namespace, folder: Path) -> dict[str,
         workload, f"sqlite:///{folder / 'grid.db'}", args.window, args.warmup
     )
     harness = Harness(prepared)
+    harness.runner.supervisor.guard = ExactGuard(prepared.limits)
     settings = grid(workload, prepared.space)
     print(f"{name}: peaks of {len(settings)} settings under the default limits", flush=True)
     points = measure_points(harness, settings)
