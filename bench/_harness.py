@@ -35,7 +35,7 @@ import optuna
 import torch
 from tqdm import tqdm
 
-from tuner.machine._hardware import cpu_model_name
+from tuner.machine import cpu_model_name
 from tuner.run import (
     PreparedStudy,
     StudyConfig,

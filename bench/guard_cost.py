@@ -30,9 +30,11 @@ from typing import Any
 
 import psutil
 
-from tuner.machine._memory import format_bytes, process_tree
+from tuner.machine._memory import format_bytes
+from tuner.machine._process import process_tree
 from tuner.search._settings import LoaderSettings
 from tuner.trial._guard import GuardReading, MemoryGuard, default_limits
+from tuner.trial._protocol import Job, Mode
 from tuner.trial._supervisor import Supervisor
 
 GiB = 2**30
@@ -51,33 +53,41 @@ def job(
     settings: LoaderSettings,
     window_s: float,
     warmup_s: float,
-) -> dict[str, Any]:
-    """The job dict as ``TrialRunner.job`` builds it."""
-    return {
-        "mode": "measure",
-        "objective": objective,
-        "options": options,
-        "settings": settings.to_attrs(),
-        "device": "cpu",
-        "window_s": window_s,
-        "warmup_s": warmup_s,
-        "seed": 0,
-        "sys_path": list(sys.path),
-    }
+) -> Job:
+    """A measurement job as ``TrialRunner.job`` builds it."""
+    return Job(
+        mode=Mode.MEASURE,
+        objective=objective,
+        options=options,
+        settings=settings,
+        device="cpu",
+        window_s=window_s,
+        warmup_s=warmup_s,
+        sys_path=tuple(sys.path),
+    )
 
 
 class RecordingGuard(MemoryGuard):
-    """The real guard; it also keeps its last reading (the trip's) and times its samples."""
+    """The real guard; it also keeps its last reading (the trip's) and times its ticks (the
+    tree's listing, which the supervisor asks for first, and the sample)."""
 
     last_reading: GuardReading | None = None
     samples: int = 0
+    exact_samples: int = 0
     sample_seconds: float = 0.0
+
+    def tree(self) -> list[psutil.Process]:
+        started = time.perf_counter()
+        members = super().tree()
+        self.sample_seconds += time.perf_counter() - started
+        return members
 
     def sample(self, tree: list[psutil.Process] | None = None) -> GuardReading:
         started = time.perf_counter()
         reading = super().sample(tree)
         self.sample_seconds += time.perf_counter() - started
         self.samples += 1
+        self.exact_samples += reading.tree_exact
         self.last_reading = reading
         return reading
 
@@ -148,7 +158,7 @@ def cost(
     trial = job(COST_OBJECTIVE, COST_OPTIONS, COST_SETTINGS, window_s, warmup_s=0.5)
     deadline_s = 60.0 + 3 * window_s
     next(iter(arms.values())).run(trial, deadline_s)  # forkserver start and JPEG cache: unmeasured
-    sampling.samples, sampling.sample_seconds = 0, 0.0
+    sampling.samples, sampling.exact_samples, sampling.sample_seconds = 0, 0, 0.0
     results: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(rounds):
         for name, supervisor in arms.items():
@@ -235,9 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sampling.samples:
         mean_s = sampling.sample_seconds / sampling.samples
         print(
-            f"guard.sample(): {sampling.samples} samples, {1000 * mean_s:.1f} ms each, "
-            f"{100 * mean_s / args.interval:.0f}% of one core at {args.interval:g} s"
-            f" ({os.cpu_count()} cores here)\n"
+            f"guard tick (tree + sample): {sampling.samples} ticks, {1000 * mean_s:.2f} ms each,"
+            f" {100 * mean_s / args.interval:.1f}% of one core at {args.interval:g} s"
+            f" ({os.cpu_count()} cores here); PSS read exactly at {sampling.exact_samples}\n"
         )
 
     print(

@@ -16,7 +16,7 @@ import optuna
 
 from objectives import WorkloadError
 from storage import StorageError, default_storage_url, mask_password
-from tuner.machine._hardware import ProfileError
+from tuner.machine import ProfileError
 from tuner.search._space import SpaceError
 
 __all__ = ["ArgumentParser", "UsageError", "add_common", "run_cli"]

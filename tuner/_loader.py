@@ -20,7 +20,16 @@ import psutil
 from torch.utils.data import DataLoader, Dataset
 
 from tuner.insight._best import NoResultError, find_best
-from tuner.machine import _gpu, _hardware, _memory
+from tuner.machine import (
+    _gpu,
+    _memory,
+    detect_fingerprint,
+    load_catalog,
+    physical_core_count,
+    resolve_profile,
+    scale_workers,
+    usable_cpu_count,
+)
 from tuner.search._baselines import rule_of_thumb_workers
 from tuner.search._settings import LoaderSettings
 
@@ -70,7 +79,7 @@ def _gpu_free_fraction() -> float | None:
 
 def read_machine() -> MachineState:
     return MachineState(
-        usable_cpus=_hardware.usable_cpu_count(),
+        usable_cpus=usable_cpu_count(),
         cpu_percent=psutil.cpu_percent(interval=0.1),
         available_memory_bytes=_memory.available_memory_bytes(),
         total_memory_bytes=_memory.total_memory_bytes(),
@@ -88,7 +97,7 @@ def clamp_to_machine(
     """
     workers = settings.num_workers
     if state.usable_cpus < profile_vcpus:
-        workers = _hardware.scale_workers(workers, profile_vcpus, state.usable_cpus)
+        workers = scale_workers(workers, profile_vcpus, state.usable_cpus)
     prefetch = settings.prefetch_factor
     smaller = state.total_memory_bytes < (1 - MEMORY_TOLERANCE) * profile_memory_bytes
     if workers > 0 and prefetch is not None and smaller:
@@ -101,7 +110,7 @@ def clamp_to_machine(
 
 
 def _rule_of_thumb(batch_size: int) -> LoaderSettings:
-    workers = rule_of_thumb_workers(_hardware.physical_core_count())
+    workers = rule_of_thumb_workers(physical_core_count())
     return LoaderSettings(
         batch=batch_size, num_workers=workers, prefetch_factor=2, persistent_workers=True
     )
@@ -200,9 +209,9 @@ def loader(
     to the rule of thumb with a warning. ``dataloader_kwargs`` (``collate_fn``, ``shuffle``, ...)
     are passed through; ``batch_size`` overrides the tuned one.
     """
-    catalog = _hardware.load_catalog()
-    fingerprint = _hardware.detect_fingerprint()
-    profile = _hardware.resolve_profile(hardware, catalog, fingerprint)
+    catalog = load_catalog()
+    fingerprint = detect_fingerprint()
+    profile = resolve_profile(hardware, catalog, fingerprint)
     try:
         best = find_best(hardware, objective, storage)
         settings, batch_param = best.settings, best.batch_param

@@ -16,7 +16,13 @@ from storage import default_storage_url, open_storage, sqlite_file_missing
 from tuner._cli import ArgumentParser, UsageError, run_cli
 from tuner.fleet._profile_studies import StoredStudy, stored_studies
 from tuner.insight._table import format_table
-from tuner.machine import _hardware
+from tuner.machine import (
+    Profile,
+    auto_profile_name,
+    detect_fingerprint,
+    load_catalog,
+    profile_mismatches,
+)
 from tuner.machine._memory import format_bytes
 
 __all__ = ["main", "parser"]
@@ -47,7 +53,7 @@ def _studies(url: str | None) -> list[StoredStudy]:
     return stored_studies(open_storage(url, heartbeat_interval=None))
 
 
-def _profile_row(profile: _hardware.Profile, studies: list[StoredStudy]) -> list[object]:
+def _profile_row(profile: Profile, studies: list[StoredStudy]) -> list[object]:
     mine = [s for s in studies if s.profile_name == profile.name]
     best = max((s.best_samples_per_sec or 0.0 for s in mine), default=0.0)
     return [
@@ -73,15 +79,13 @@ def _study_json(study: StoredStudy) -> dict[str, object]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    catalog = _hardware.load_catalog(args.profiles)
-    fingerprint = _hardware.detect_fingerprint()
+    catalog = load_catalog(args.profiles)
+    fingerprint = detect_fingerprint()
     if args.verb == "detect":
         matches = [
-            name
-            for name, p in sorted(catalog.items())
-            if not _hardware.profile_mismatches(p, fingerprint)
+            name for name, p in sorted(catalog.items()) if not profile_mismatches(p, fingerprint)
         ]
-        auto = _hardware.auto_profile_name(fingerprint)
+        auto = auto_profile_name(fingerprint)
         if args.format == "json":
             print(
                 json.dumps(

@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ROOT, run_cli
-from tuner.machine._hardware import auto_profile_name, detect_fingerprint
+from tuner.machine import auto_profile_name, detect_fingerprint
 
 FAST = "tests.tuner_tests.workloads:fast"
 STUDY = f"{FAST}@{auto_profile_name(detect_fingerprint())}"

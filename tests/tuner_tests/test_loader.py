@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import tuner
 from tests.conftest import best_cli, study_cli
 from tuner._loader import AdaptiveLoader, MachineState, clamp_to_machine
-from tuner.machine._hardware import auto_profile_name, detect_fingerprint
+from tuner.machine import auto_profile_name, detect_fingerprint
 from tuner.search._settings import LoaderSettings
 
 GIB = 2**30

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import run_cli
-from tuner.machine._hardware import auto_profile_name, detect_fingerprint
+from tuner.machine import auto_profile_name, detect_fingerprint
 
 
 def test_detect_names_this_machine() -> None:

@@ -34,7 +34,7 @@ from tuner._naming import (
 )
 from tuner.insight._diagnosis import diagnose
 from tuner.insight._summary import efficiency
-from tuner.machine import _hardware
+from tuner.machine import detect_fingerprint
 from tuner.report import main
 from tuner.search._settings import LoaderSettings
 from tuner.trial._artifacts import open_artifact_store, read_trial_text, upload_trial_csv
@@ -170,7 +170,7 @@ def add_measured_trial(
     attrs["settings"] = settings.to_attrs()
     attrs["machine"] = {
         "profile": "local-test",
-        **_hardware.detect_fingerprint().to_attrs(),
+        **detect_fingerprint().to_attrs(),
     }
     attrs.update(user_attrs)
     ceiling = study.user_attrs.get(CEILING_ATTR)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.conftest import best_cli, run_cli, study_cli
-from tuner.machine._hardware import auto_profile_name, detect_fingerprint
+from tuner.machine import auto_profile_name, detect_fingerprint
 
 FAST = "tests.tuner_tests.workloads:fast"
 QUICK = ["--remeasure-rounds", "1"]

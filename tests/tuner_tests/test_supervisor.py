@@ -21,10 +21,11 @@ import pytest
 
 from tests.tuner_tests.workloads import SHM_FILE_PREFIX
 from tuner.machine._gpu import GpuDevice, GpuReading, NoGpuReader
-from tuner.machine._memory import process_tree, shm_usage
+from tuner.machine._memory import shm_usage
+from tuner.machine._process import process_tree
 from tuner.search._settings import LoaderSettings
 from tuner.testing import StaticGpuReader
-from tuner.trial._guard import GuardLimits, MemoryGuard, default_limits
+from tuner.trial._guard import GuardLimits, GuardReading, MemoryGuard, default_limits
 from tuner.trial._outcome import TrialOutcome
 from tuner.trial._protocol import Job, Mode
 from tuner.trial._supervisor import Supervisor
@@ -187,6 +188,31 @@ def test_normal_workload_is_never_stopped_by_default_limits(settings: LoaderSett
     assert watcher.survivors() == []
 
 
+class CountingGuard(MemoryGuard):
+    """The real guard, counting its readings and how many of them read PSS exactly."""
+
+    readings: int = 0
+    exact: int = 0
+
+    def sample(self, tree: list[psutil.Process] | None = None) -> GuardReading:
+        reading = super().sample(tree)
+        self.readings += 1
+        self.exact += reading.tree_exact
+        return reading
+
+
+def test_steady_memory_is_not_read_exactly_at_every_tick() -> None:
+    guard = CountingGuard(default_limits())
+    settings = LoaderSettings(batch=32, num_workers=2, prefetch_factor=2, persistent_workers=True)
+
+    outcome = Supervisor(guard).run(make_job("fast", settings, window_s=3.0), deadline_s=60.0)
+
+    assert outcome.state == "complete", outcome
+    assert guard.readings >= 15
+    # The tree's start (the child, then its workers) and one periodic reading, not every tick.
+    assert 2 <= guard.exact <= guard.readings // 3
+
+
 # --- the guard stops a leak --------------------------------------------------------------------
 
 
@@ -207,6 +233,26 @@ def test_leaky_workload_is_stopped_before_the_host_limit() -> None:
     assert isinstance(attrs["guard_predicted"], bool)
     assert 0 <= attrs["kill_seconds"] < 1.0
     assert len(watcher.seen) >= 3
+    assert watcher.survivors() == []
+
+
+def test_memory_that_ramps_then_holds_completes_under_a_limit_above_its_plateau() -> None:
+    settings = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2)
+    job = make_job("ramping", settings, window_s=2.0, warmup_s=0.2)
+    unguarded = Supervisor(MemoryGuard(default_limits())).run(job, deadline_s=60.0)
+    assert unguarded.state == "complete", unguarded
+    plateau = unguarded.attrs["peak_host_memory_bytes"]
+    assert plateau > 192 * MiB  # the two workers' 96 MiB each, at least
+    # Half again the plateau: the climb from the workers' start, extrapolated over the guard's
+    # look-ahead as the guard did before it waited for growth that lasts, crosses it.
+    limit = int(1.5 * plateau)
+    supervisor = Supervisor(MemoryGuard(host_limited(limit)))
+
+    outcome, watcher, _ = run_watched(supervisor, job)
+
+    assert outcome.state == "complete", outcome
+    assert "guard_reading_bytes" not in outcome.attrs
+    assert outcome.attrs["peak_host_memory_bytes"] < limit
     assert watcher.survivors() == []
 
 
@@ -337,6 +383,19 @@ def test_gpu_memory_climbing_towards_the_limit_is_stopped_before_it() -> None:
     assert breach is not None and breach.kind == "gpu"
     assert breach.predicted is True
     assert breach.reading_bytes < limit
+
+
+def test_a_jump_that_then_holds_is_not_extrapolated() -> None:
+    limit = 1 * GiB
+    # A startup step: +400 MiB in one sample (4 GiB/s), then it slows and holds at 60%.
+    frames = gpu_frames([100 * MiB, 500 * MiB, 600 * MiB, 610 * MiB] + [612 * MiB] * 8)
+    guard = gpu_guard(frames, limit, 0.1)
+    guard.start(None)
+
+    for _ in range(12):
+        assert guard.check(guard.sample()) is None
+        time.sleep(0.1)
+    assert guard.peaks()["peak_gpu_memory_bytes"] == 612 * MiB
 
 
 def test_without_a_gpu_nothing_gpu_related_trips() -> None:

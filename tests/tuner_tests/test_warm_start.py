@@ -6,7 +6,7 @@ from pathlib import Path
 import optuna
 
 from tests.conftest import run_cli
-from tuner.machine._hardware import Profile, detect_fingerprint, scale_workers
+from tuner.machine import Profile, detect_fingerprint, scale_workers
 
 FAST = "tests.tuner_tests.workloads:fast"
 QUICK = [

@@ -1,4 +1,4 @@
-"""Small user-style workloads for the tuner's tests: fast, leaky, hanging, raising, dying.
+"""Small user-style workloads for the tuner's tests: fast, leaky, ramping, hanging, raising, dying.
 
 They are real workloads (real datasets, real DataLoader workers); each misbehaves the way user
 code does in the field, so the supervisor and the guard are tested against the real thing.
@@ -34,17 +34,21 @@ class Vectors(Dataset):
 
 
 class Leaky(Vectors):
-    """Each worker keeps 32 MiB more for every batch it loads: a leak like a growing cache."""
+    """Each worker keeps 4 MiB more for every sample it loads (64 MiB per batch of 16): a leak
+    like a growing cache. With ``blocks``, it keeps only its first ``blocks`` samples' worth:
+    memory climbs fast for a moment, as a worker's start and first batches do, then holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: int | None = None, sleep_s: float = 0.005) -> None:
         super().__init__(size=10_000)
+        self.blocks, self.sleep_s = blocks, sleep_s
         self._kept: list[bytearray] = []
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        block = bytearray(4 * 2**20)
-        block[::4096] = b"x" * len(block[::4096])
-        self._kept.append(block)
-        time.sleep(0.005)
+        if self.blocks is None or len(self._kept) < self.blocks:
+            block = bytearray(4 * 2**20)
+            block[::4096] = b"x" * len(block[::4096])
+            self._kept.append(block)
+        time.sleep(self.sleep_s)
         return super().__getitem__(index)
 
 
@@ -90,6 +94,17 @@ def leaky() -> Workload:
         step=_sum_step,
         default_batch_size=16,
         batch_size_range=(16, 16),
+    )
+
+
+def ramping() -> Workload:
+    """96 MiB kept per worker, in its first 24 samples."""
+    return Workload(
+        name="ramping",
+        dataset=Leaky(blocks=24, sleep_s=0.002),
+        step=_sum_step,
+        default_batch_size=8,
+        batch_size_range=(8, 8),
     )
 
 

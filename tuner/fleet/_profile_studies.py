@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from tuner._attrs import remeasured, stored_settings
 from tuner.insight._summary import best_trial, trial_throughput
-from tuner.machine._hardware import Profile
+from tuner.machine import Profile
 
 __all__ = ["StoredStudy", "stored_studies"]
 

@@ -9,10 +9,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from storage import default_storage_url, mask_url, open_storage, sqlite_file_missing
+from tuner import machine
 from tuner._attrs import remeasured, study_batch_param, trial_settings
 from tuner._naming import study_name
 from tuner.insight._summary import best_trial, trial_throughput
-from tuner.machine import _hardware
 from tuner.search._settings import LoaderSettings
 
 __all__ = ["BestSetting", "NoResultError", "best_params", "find_best", "resolve_profile_name"]
@@ -37,9 +37,9 @@ class BestSetting:
 
 def resolve_profile_name(hardware: str, profiles_file: str | None = None) -> str:
     """``auto`` names this machine; a named profile must be in the catalog (ProfileError)."""
-    fingerprint = _hardware.detect_fingerprint()
-    catalog = _hardware.load_catalog(profiles_file)
-    return _hardware.resolve_profile(hardware, catalog, fingerprint).name
+    fingerprint = machine.detect_fingerprint()
+    catalog = machine.load_catalog(profiles_file)
+    return machine.resolve_profile(hardware, catalog, fingerprint).name
 
 
 def find_best(

@@ -1,28 +1,40 @@
 """The machine: what this host has and how full it is.
 
-Readers only, no policy: the hardware fingerprint and the profile catalog (``_hardware``), host
-memory, swap, /dev/shm, cgroup and PSI readings (``_memory``), and GPU memory through NVML
-behind :class:`GpuReader` (``_gpu``). Each reading is a small function that returns a number or
-``None`` where this kernel or container does not offer it.
+Readers only, no policy: cgroup CPU quotas and memory limits, v1 and v2 (``_cgroup``); the
+hardware fingerprint and the CPU readers (``_fingerprint``); the profile catalog and how a
+machine matches a profile (``_profiles``); host memory, swap, /dev/shm, PSI and process-tree
+readings (``_memory``); GPU memory through NVML behind :class:`GpuReader` (``_gpu``). Each
+reading is a small function that returns a number or ``None`` where this kernel or container
+does not offer it.
 """
 
 from __future__ import annotations
 
-from tuner.machine._gpu import GpuReader, NoGpuReader, NvmlGpuReader, open_gpu_reader
-from tuner.machine._hardware import (
-    AUTO_PROFILE,
+from tuner.machine._cgroup import CgroupMemory, cgroup_cpu_limit, cgroup_memory
+from tuner.machine._fingerprint import (
     Fingerprint,
+    auto_profile_name,
+    cpu_model_name,
+    detect_fingerprint,
+    physical_core_count,
+    usable_cores,
+    usable_cpu_count,
+)
+from tuner.machine._gpu import GpuReader, NoGpuReader, NvmlGpuReader, open_gpu_reader
+from tuner.machine._profiles import (
+    AUTO_PROFILE,
     Profile,
     ProfileError,
-    auto_profile_name,
-    detect_fingerprint,
     load_catalog,
     profile_mismatches,
     resolve_profile,
+    scale_workers,
+    similarity,
 )
 
 __all__ = [
     "AUTO_PROFILE",
+    "CgroupMemory",
     "Fingerprint",
     "GpuReader",
     "NoGpuReader",
@@ -30,9 +42,17 @@ __all__ = [
     "Profile",
     "ProfileError",
     "auto_profile_name",
+    "cgroup_cpu_limit",
+    "cgroup_memory",
+    "cpu_model_name",
     "detect_fingerprint",
     "load_catalog",
     "open_gpu_reader",
+    "physical_core_count",
     "profile_mismatches",
     "resolve_profile",
+    "scale_workers",
+    "similarity",
+    "usable_cores",
+    "usable_cpu_count",
 ]

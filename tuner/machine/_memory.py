@@ -1,9 +1,11 @@
-"""Host memory readings for the memory guard and the hardware fingerprint.
+"""Host memory readings for the memory guard, the telemetry and the hardware fingerprint.
 
 Each reader is one small function that returns a number (or a small frozen dataclass), and
 ``None`` where this kernel or container does not offer the reading, so callers decide what a
 missing reading means. None of them keeps state: the guard samples every ~0.2 s and computes
-rates (swap-out, PSI totals) from two readings itself.
+rates (swap-out, PSI totals) from two readings itself. What it reads every tick it reads through
+:class:`HostMemoryFiles`, the same parsers on files kept open (one ``pread`` each, no ``open``).
+Process trees and their PSS are in ``_process``, cgroup limits and usage in ``_cgroup``.
 """
 
 from __future__ import annotations
@@ -11,51 +13,33 @@ from __future__ import annotations
 import math
 import os
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from tuner.machine._procfs import KeptOpenFile
+
 __all__ = [
-    "CgroupMemory",
     "DiskUsage",
+    "HostMemoryFiles",
     "MemoryPressure",
     "available_memory_bytes",
-    "cgroup_memory",
     "format_bytes",
     "memory_pressure",
+    "parse_memory_pressure",
     "parse_size",
-    "process_tree",
-    "process_tree_memory_bytes",
     "shm_usage",
     "swap_out_bytes_total",
     "swap_used_bytes",
     "total_memory_bytes",
 ]
 
-_V1_UNLIMITED_BYTES = 2**60
-"""cgroup v1 writes "no limit" as a huge page-aligned number (9223372036854771712)."""
-
 
 @dataclass(frozen=True)
 class DiskUsage:
     used_bytes: int
     total_bytes: int
-
-
-@dataclass(frozen=True)
-class CgroupMemory:
-    """The memory limit that binds this process, and the usage counted against it.
-
-    ``path`` is the cgroup directory the readings came from: the one holding the smallest
-    limit, or the process's own cgroup when no level sets a limit.
-    """
-
-    version: int
-    path: str
-    limit_bytes: int | None
-    usage_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -75,31 +59,58 @@ class MemoryPressure:
 
 # --- host memory -------------------------------------------------------------------------------
 
+_MEMINFO = "/proc/meminfo"
+_VMSTAT = "/proc/vmstat"
+_PRESSURE = "/proc/pressure/memory"
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
 
 def available_memory_bytes() -> int:
     """MemAvailable: what can be allocated without swapping (free ignores reclaimable cache)."""
-    return int(psutil.virtual_memory().available)
+    available = _mem_available(_read_text(_MEMINFO))
+    return available if available is not None else int(psutil.virtual_memory().available)
 
 
 def total_memory_bytes() -> int:
     return int(psutil.virtual_memory().total)
 
 
-def swap_used_bytes() -> int:
-    return int(psutil.swap_memory().used)
+def swap_used_bytes() -> int | None:
+    """Swap in use; None where the machine has no swap or a container hides /proc/swaps."""
+    try:
+        swap = psutil.swap_memory()
+    except (OSError, RuntimeError):
+        return None
+    return int(swap.used) if swap.total else None
 
 
 def swap_out_bytes_total() -> int | None:
     """Bytes swapped out since boot; None where /proc/vmstat does not say (some containers)."""
-    with warnings.catch_warnings():
-        # psutil warns and reports 0 when it cannot read the counters; 0 would read as "no
-        # swapping" to the guard, so the warning is turned into None instead.
-        warnings.simplefilter("error", RuntimeWarning)
-        try:
-            sout = psutil.swap_memory().sout
-        except RuntimeWarning:
-            return None
-    return int(sout)
+    return _swapped_out(_read_text(_VMSTAT))
+
+
+def _mem_available(meminfo: str | None) -> int | None:
+    """``MemAvailable:  123 kB`` from /proc/meminfo (kernels before 3.14 lack it: psutil's
+    estimate is used instead)."""
+    for line in (meminfo or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _swapped_out(vmstat: str | None) -> int | None:
+    """``pswpout`` pages from /proc/vmstat, in bytes."""
+    for line in (vmstat or "").splitlines():
+        if line.startswith("pswpout "):
+            return int(line.split()[1]) * _PAGE_BYTES
+    return None
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
 
 
 def shm_usage(path: str = "/dev/shm") -> DiskUsage | None:
@@ -112,142 +123,18 @@ def shm_usage(path: str = "/dev/shm") -> DiskUsage | None:
     return DiskUsage(used_bytes=total_bytes - stat.f_bfree * stat.f_frsize, total_bytes=total_bytes)
 
 
-# --- cgroups -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _CgroupLayout:
-    version: int
-    mount: Path
-    cgroup_path: str
-    limit_file: str
-    usage_file: str
-
-
-def cgroup_memory(
-    proc_self_cgroup: str = "/proc/self/cgroup",
-    cgroup_root: str = "/sys/fs/cgroup",
-    pid: int | None = None,
-) -> CgroupMemory | None:
-    """The binding cgroup memory limit and its usage, or None without a memory cgroup.
-
-    ``pid`` reads ``/proc/<pid>/cgroup`` instead of ``proc_self_cgroup``. Every ancestor up to
-    the mount root is read because a parent's limit binds its children: the smallest one wins.
-    """
-    cgroup_file = f"/proc/{pid}/cgroup" if pid is not None else proc_self_cgroup
-    try:
-        membership = Path(cgroup_file).read_text()
-    except OSError:
-        return None
-    layout = _cgroup_layout(membership, Path(cgroup_root))
-    if layout is None:
-        return None
-    leaf = _cgroup_dir(layout.mount, layout.cgroup_path)
-    return _binding_limit(layout, _ancestors(leaf, layout.mount))
-
-
-def _cgroup_layout(membership: str, root: Path) -> _CgroupLayout | None:
-    """Pick the memory hierarchy: v1's memory controller if mounted (hybrid hosts), else v2."""
-    v1_path, v2_path = _parse_membership(membership)
-    v1_mount = root / "memory"
-    if v1_path is not None and (v1_mount / "memory.usage_in_bytes").is_file():
-        return _CgroupLayout(1, v1_mount, v1_path, "memory.limit_in_bytes", "memory.usage_in_bytes")
-    if v2_path is None:
-        return None
-    for v2_mount in (root, root / "unified"):
-        if "memory" in _read_text(v2_mount / "cgroup.controllers", "").split():
-            return _CgroupLayout(2, v2_mount, v2_path, "memory.max", "memory.current")
-    return None
-
-
-def _parse_membership(membership: str) -> tuple[str | None, str | None]:
-    """(v1 memory cgroup path, v2 cgroup path) from the lines of /proc/<pid>/cgroup."""
-    v1_path: str | None = None
-    v2_path: str | None = None
-    for line in membership.splitlines():
-        parts = line.strip().split(":", 2)
-        if len(parts) != 3:
-            continue
-        hierarchy_id, controllers, path = parts
-        if hierarchy_id == "0" and controllers == "":
-            v2_path = path
-        elif "memory" in controllers.split(","):
-            v1_path = path
-    return v1_path, v2_path
-
-
-def _cgroup_dir(mount: Path, cgroup_path: str) -> Path:
-    """The cgroup's directory, or the mount root where the path is not visible from here.
-
-    Inside a container the path can name the host's view ("/docker/<id>") while the container's
-    own cgroup is mounted as the root, or lie outside a cgroup namespace ("/../sibling").
-    """
-    relative = cgroup_path.strip("/")
-    if not relative or ".." in relative.split("/"):
-        return mount
-    leaf = mount / relative
-    return leaf if leaf.is_dir() else mount
-
-
-def _ancestors(leaf: Path, mount: Path) -> list[Path]:
-    """``leaf`` and its parents up to and including ``mount``, innermost first."""
-    chain = [leaf]
-    while chain[-1] != mount and chain[-1].parent != chain[-1]:
-        chain.append(chain[-1].parent)
-    return chain
-
-
-def _binding_limit(layout: _CgroupLayout, chain: list[Path]) -> CgroupMemory:
-    winner = chain[0]
-    smallest: int | None = None
-    for directory in chain:
-        limit = _read_limit(directory / layout.limit_file)
-        if limit is not None and (smallest is None or limit < smallest):
-            winner, smallest = directory, limit
-    return CgroupMemory(
-        version=layout.version,
-        path=str(winner),
-        limit_bytes=smallest,
-        usage_bytes=_read_int(winner / layout.usage_file),
-    )
-
-
-def _read_limit(path: Path) -> int | None:
-    """A limit in bytes; None for "no limit" (v2 "max", v1's huge number, or no file)."""
-    text = _read_text(path, "").strip()
-    if text in ("", "max"):
-        return None
-    try:
-        limit = int(text)
-    except ValueError:
-        return None
-    return None if limit >= _V1_UNLIMITED_BYTES else limit
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(_read_text(path, "").strip())
-    except ValueError:
-        return None
-
-
-def _read_text(path: Path, default: str) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return default
-
-
 # --- pressure stall information ----------------------------------------------------------------
 
 
-def memory_pressure(path: str = "/proc/pressure/memory") -> MemoryPressure | None:
+def memory_pressure(path: str = _PRESSURE) -> MemoryPressure | None:
     """Memory PSI; None on kernels without PSI, with ``psi=0``, or where a container hides it."""
-    try:
-        text = Path(path).read_text()
-    except OSError:  # absent, or EOPNOTSUPP when PSI is compiled in but disabled
-        return None
-    lines = _parse_pressure_lines(text)
+    # absent, or EOPNOTSUPP when PSI is compiled in but disabled: _read_text says None
+    return parse_memory_pressure(_read_text(path))
+
+
+def parse_memory_pressure(text: str | None) -> MemoryPressure | None:
+    """The PSI file's ``some`` and ``full`` lines; None for an absent or unparsable file."""
+    lines = _parse_pressure_lines(text or "")
     some = lines.get("some")
     if some is None:
         return None
@@ -275,63 +162,43 @@ def _parse_pressure_lines(text: str) -> dict[str, tuple[float, float, int]]:
     return parsed
 
 
-# --- process trees -----------------------------------------------------------------------------
+# --- kept open, for the guard ------------------------------------------------------------------
 
 
-def process_tree(pid: int) -> list[psutil.Process]:
-    """The process and all its descendants; empty when it is gone."""
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:  # ZombieProcess is a NoSuchProcess too
-        return []
+class HostMemoryFiles:
+    """The host readings a sampler takes every tick, each one ``pread`` of a file kept open.
 
-
-def process_tree_memory_bytes(pid: int) -> int | None:
-    """Memory of the tree, counting pages shared after fork once; None when ``pid`` is gone.
-
-    Summed PSS splits each shared page among its sharers, so forked DataLoader workers do not
-    count the parent's dataset N times, as summed RSS would.
+    The same parsers as the one-off readers above; ``cgroup_usage_file`` is
+    :attr:`~tuner.machine.CgroupMemory.usage_file` of the binding cgroup, or None.
     """
-    tree = process_tree(pid)
-    if not tree:
-        return None
-    return processes_memory_bytes(tree)
 
+    def __init__(self, cgroup_usage_file: str | Path | None = None) -> None:
+        self._meminfo = KeptOpenFile(_MEMINFO)
+        self._vmstat = KeptOpenFile(_VMSTAT)
+        self._pressure = KeptOpenFile(_PRESSURE)
+        self._cgroup = KeptOpenFile(cgroup_usage_file) if cgroup_usage_file else None
 
-def processes_memory_bytes(processes: list[psutil.Process]) -> int:
-    """Summed PSS of ``processes`` (see :func:`process_tree_memory_bytes`); costly, ~ms each."""
-    return sum(_process_memory_bytes(process) or 0 for process in processes)
+    def available_bytes(self) -> int:
+        available = _mem_available(self._meminfo.read())
+        return available if available is not None else available_memory_bytes()
 
+    def swap_out_bytes_total(self) -> int | None:
+        return _swapped_out(self._vmstat.read())
 
-def processes_rss_bytes(processes: list[psutil.Process]) -> int:
-    """Summed RSS from /proc/PID/statm: cheap enough for every tick, but counts shared pages
-    once per sharer, so it serves to follow growth between PSS readings, not as the reading."""
-    total = 0
-    for process in processes:
+    def pressure(self) -> MemoryPressure | None:
+        return parse_memory_pressure(self._pressure.read())
+
+    def cgroup_usage_bytes(self) -> int | None:
+        text = self._cgroup.read() if self._cgroup is not None else None
         try:
-            total += int(process.memory_info().rss)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return total
+            return int(text) if text else None
+        except ValueError:
+            return None
 
-
-def _process_memory_bytes(process: psutil.Process) -> int | None:
-    """PSS, else USS, else RSS (where smaps cannot be read); None if it vanished or is hidden."""
-    try:
-        full = process.memory_full_info()
-    except psutil.AccessDenied:
-        full = None
-    except psutil.NoSuchProcess:
-        return None
-    for field in ("pss", "uss"):
-        value = getattr(full, field, None)
-        if value is not None:
-            return int(value)
-    try:
-        return int(process.memory_info().rss)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
+    def close(self) -> None:
+        for kept in (self._meminfo, self._vmstat, self._pressure, self._cgroup):
+            if kept is not None:
+                kept.close()
 
 
 # --- sizes -------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from optuna.storages import BaseStorage
 
 from objectives import Workload, load_workload
 from storage import open_storage
+from tuner import machine
 from tuner._naming import study_name
-from tuner.machine import _hardware
 from tuner.machine._gpu import open_gpu_reader
 from tuner.run._samplers import SAMPLERS
 from tuner.search._space import SearchSpace, SpaceError
@@ -71,8 +71,8 @@ class PreparedStudy:
     """A validated run: nothing has been written yet."""
 
     config: StudyConfig
-    profile: _hardware.Profile
-    fingerprint: _hardware.Fingerprint
+    profile: machine.Profile
+    fingerprint: machine.Fingerprint
     workload: Workload
     space: SearchSpace
     device: str
@@ -117,12 +117,12 @@ def _check_numbers(config: StudyConfig) -> None:
         raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {config.sampler!r}")
 
 
-def _resolve_profile(config: StudyConfig, fingerprint: _hardware.Fingerprint) -> _hardware.Profile:
+def _resolve_profile(config: StudyConfig, fingerprint: machine.Fingerprint) -> machine.Profile:
     """The profile ``--hardware`` names; a named one must match this machine."""
-    catalog = _hardware.load_catalog(config.profiles_file)
-    profile = _hardware.resolve_profile(config.hardware, catalog, fingerprint)
-    differences = _hardware.profile_mismatches(profile, fingerprint)
-    if differences and config.hardware != _hardware.AUTO_PROFILE:
+    catalog = machine.load_catalog(config.profiles_file)
+    profile = machine.resolve_profile(config.hardware, catalog, fingerprint)
+    differences = machine.profile_mismatches(profile, fingerprint)
+    if differences and config.hardware != machine.AUTO_PROFILE:
         raise ConfigError(
             f"this machine does not match profile {profile.name}: {'; '.join(differences)}"
             " (use --hardware auto to tune this machine as it is)"
@@ -133,8 +133,8 @@ def _resolve_profile(config: StudyConfig, fingerprint: _hardware.Fingerprint) ->
 def _build_space(
     config: StudyConfig,
     workload: Workload,
-    fingerprint: _hardware.Fingerprint,
-    profile: _hardware.Profile,
+    fingerprint: machine.Fingerprint,
+    profile: machine.Profile,
     device: str,
 ) -> SearchSpace:
     max_workers = max(0, min(2 * fingerprint.logical_cpus, 2 * profile.vcpus))
@@ -175,7 +175,7 @@ def _limits(config: StudyConfig, device: str) -> GuardLimits:
 def prepare(config: StudyConfig) -> PreparedStudy:
     """Check every argument against this machine and the storage; raise one-line errors."""
     _check_numbers(config)
-    fingerprint = _hardware.detect_fingerprint()
+    fingerprint = machine.detect_fingerprint()
     profile = _resolve_profile(config, fingerprint)
     workload = load_workload(config.objective, config.objective_options)
     device = _resolve_device(config.device)

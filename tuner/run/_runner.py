@@ -21,6 +21,12 @@ from tuner._naming import SETTINGS_ATTR, is_memory_reason
 from tuner.insight._diagnosis import diagnose
 from tuner.insight._summary import efficiency
 from tuner.machine._gpu import GpuReader
+from tuner.run._walls import (
+    PREDICTED_PEAK_ATTR,
+    RETEST_ATTR,
+    WallVerdict,
+    wall_verdict,
+)
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
 from tuner.trial._artifacts import upload_trial_csv
@@ -29,7 +35,7 @@ from tuner.trial._protocol import Job
 from tuner.trial._supervisor import Supervisor
 from tuner.trial._telemetry import TelemetrySampler, collect_trial_telemetry
 
-__all__ = ["SearchSpaceChanged", "TrialRunner", "measured_twin", "memory_walls"]
+__all__ = ["SearchSpaceChanged", "TrialRunner", "measured_twin"]
 
 _log = logging.getLogger("tuner.trial")
 
@@ -39,19 +45,6 @@ MEMORY_CONSTRAINT = "memory"
 
 class SearchSpaceChanged(ValueError):
     """Optuna refused a parameter's distribution: the study was tuned with other flags."""
-
-
-def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, LoaderSettings]]:
-    """Settings pruned for memory (by the guard or an out-of-memory error), with trial numbers."""
-    walls = []
-    for trial in trials:
-        if trial.state == TrialState.PRUNED and is_memory_reason(
-            trial.user_attrs.get("pruned_reason")
-        ):
-            settings = stored_settings(trial)
-            if settings is not None:
-                walls.append((trial.number, LoaderSettings.from_attrs(settings)))
-    return walls
 
 
 REPEAT_ATTRS_SKIPPED = (SETTINGS_ATTR, "machine", "baseline", "warm_start_from", "repeat_of")
@@ -79,12 +72,11 @@ def measured_twin(
 
 
 def _answer_from_storage(
-    trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings
+    trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings, walls: WallVerdict
 ) -> TrialOutcome | None:
     """The outcome of ``settings`` known without running it: beyond a memory wall, or a repeat."""
-    for wall_number, wall in memory_walls(trials):
-        if settings.dominates(wall):
-            return TrialOutcome("pruned", {"dominated_by": wall_number}, reason="memory_wall")
+    if walls.dominated_by is not None:
+        return TrialOutcome("pruned", {"dominated_by": walls.dominated_by}, reason="memory_wall")
     twin = measured_twin(trials, settings)
     if twin is None:
         return None
@@ -94,6 +86,16 @@ def _answer_from_storage(
         return TrialOutcome("complete", {**attrs, "samples_per_sec": twin.value})
     attrs.pop("pruned_reason", None)
     return TrialOutcome("pruned", attrs, reason="pruner")
+
+
+def _wall_attrs(walls: WallVerdict) -> dict[str, int]:
+    """The model's peak beside the measured one, and the wall a trial re-tests."""
+    attrs = {}
+    if walls.predicted_peak_bytes is not None:
+        attrs[PREDICTED_PEAK_ATTR] = walls.predicted_peak_bytes
+    if walls.retest_of is not None:
+        attrs[RETEST_ATTR] = walls.retest_of
+    return attrs
 
 
 @dataclasses.dataclass
@@ -141,8 +143,9 @@ class TrialRunner:
         except ValueError as error:  # "Cannot set different distribution kind ..." and kin
             raise SearchSpaceChanged(str(error)) from None
         trials = with_retry(lambda: study.get_trials(deepcopy=False), "reading trials")
+        walls = wall_verdict(trials, settings, self.supervisor.guard.limits.host_bytes)
         if "baseline" not in trial.user_attrs:
-            answered = _answer_from_storage(trials, settings)
+            answered = _answer_from_storage(trials, settings, walls)
             if answered is not None:
                 self._finish(study, trial, settings, answered)
                 return answered
@@ -160,6 +163,7 @@ class TrialRunner:
                 return False
 
         outcome = self.measure(settings, on_progress)
+        outcome.attrs.update(_wall_attrs(walls))
         self._finish(study, trial, settings, outcome)
         return outcome
 

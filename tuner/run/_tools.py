@@ -15,8 +15,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from tuner.machine import auto_profile_name
 from tuner.machine._gpu import GpuReader, open_gpu_reader
-from tuner.machine._hardware import auto_profile_name
 from tuner.run._config import PreparedStudy, gpu_index, trial_deadline
 from tuner.run._runner import TrialRunner
 from tuner.search._settings import LoaderSettings

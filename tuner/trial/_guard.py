@@ -3,14 +3,29 @@
 Contract: one :class:`MemoryGuard` per study process; :meth:`MemoryGuard.start` at a trial's
 start, then :meth:`MemoryGuard.sample` from the supervisor's loop every ``interval_s`` (it is not
 thread-safe and does no killing itself: the supervisor owns the trial's process group and kills
-it on a :class:`Breach`). Each reading is compared with its limit twice: as it stands, and as it
-will stand after the next two samples plus the time a kill takes, from the growth rate over the
-last second, so a fast leak is stopped before it crosses the limit rather than after.
+it on a :class:`Breach`), :meth:`MemoryGuard.stop` at its end.
+
+When it stops a trial. A reading within 2% of its limit is a breach (``predicted`` False: the
+setting did not fit, and the study's memory wall is built from such breaches only). Before that,
+a breach is predicted from growth, the reading projected over the next two samples plus the
+time a kill takes, but only on evidence that the growth lasts: an exact reading already within
+10% of the limit, or growth at every exact reading for 0.6 s within one unchanged process tree,
+projected at the slowest of its last three intervals. The startup ramp (workers forking, their
+first pages and batches) grows fast and stops by itself; extrapolating it pruned settings at
+half their limit.
+
+What it reads, and what that costs. ``host`` is the trial's process tree by PSS (pages shared
+after fork counted once), exact but milliseconds per process, so it is read only when it can
+matter: when the tree changes, when its RSS (microseconds, from ``statm`` kept open) has moved
+by 2% of the limit since the last exact reading, when the estimate (the last PSS plus the RSS
+growth since) nears the limit, and at the latest every 5 s (every second where the tree's RSS is
+itself near the limit: PSS can grow without RSS moving, by copy-on-write of shared pages, but
+never above RSS). Decisions on the tree use exact readings only. The machine's own headroom
+(MemAvailable), the cgroup's usage and PSI are read from files kept open.
 
 Limits:
 
-* ``host``: the trial's process tree counted by PSS (pages shared after fork counted once), and
-  the machine's (or container's) own headroom: MemAvailable and the cgroup's usage.
+* ``host``: the trial's process tree, and the machine's (or container's) headroom.
 * ``shm``: /dev/shm, where DataLoader workers put batches; a full one is a ``Bus error``.
 * ``gpu``: the trial's device memory, through NVML.
 * ``swap``: sustained swapping-out while the trial runs.
@@ -20,27 +35,43 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable
 
 import psutil
 
-from tuner.machine import _gpu, _memory
+from tuner.machine import _cgroup, _gpu, _memory
+from tuner.machine._process import ProcessTree
 
 __all__ = ["Breach", "GuardLimits", "GuardReading", "MemoryGuard", "default_limits"]
 
 _log = logging.getLogger("tuner.guard")
 
 APPROACH_FRACTION = 0.98
-"""A reading within 2% of its limit has approached it."""
+"""A reading within 2% of its limit has approached it: a breach, not a prediction."""
 
-PSS_EVERY_TICKS = 10
-"""Exact PSS (costly: the kernel walks every page) every tenth tick; in between, the last PSS
-plus the tree's RSS growth since, which never undercounts new private pages."""
+CONFIRM_FRACTION = 0.90
+"""An exact reading this close to its limit confirms a projected crossing."""
+
+SUSTAINED_S = 0.6
+"""Growth at every exact reading for this long, within one tree, is growth that lasts."""
+
+SUSTAINED_READINGS = 4
+"""...and over at least this many readings (three intervals)."""
 
 NEAR_FRACTION = 0.85
-"""An estimate this close to its limit is replaced by an exact reading before deciding."""
+"""An estimate this close to its limit is replaced by an exact reading."""
+
+RSS_MOVE_FRACTION = 0.02
+"""The tree's RSS moving by this share of the limit since the last exact reading calls for one."""
+
+EXACT_EVERY_S = 5.0
+"""An exact reading at the latest this long after the last one, for the recorded peak."""
+
+EXACT_EVERY_NEAR_S = 1.0
+"""...or this long where the tree's RSS is near the limit (PSS may have grown unseen)."""
 
 MACHINE_RESERVE_FRACTION = 0.03
 """Whatever the budget, keep this share of the machine's memory available to everyone else."""
@@ -68,6 +99,8 @@ class GuardReading:
     gpu_bytes: int | None
     swap_out_rate_bytes_per_s: float | None
     pressure_some_avg10: float | None
+    tree_exact: bool = False
+    """``tree_bytes`` is an exact PSS reading, not the estimate between two."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +145,7 @@ def default_limits(
     Fractions are of the same totals. Raises ValueError (one line) for unparsable sizes.
     """
     total = _memory.total_memory_bytes()
-    cgroup = _memory.cgroup_memory()
+    cgroup = _cgroup.cgroup_memory()
     cgroup_limit = cgroup.limit_bytes if cgroup is not None else None
     host_total = min(total, cgroup_limit) if cgroup_limit else total
     shm = _memory.shm_usage()
@@ -128,7 +161,7 @@ def default_limits(
 
 
 class _Series:
-    """The last second of one reading, for its growth rate and its peak."""
+    """The last second of one reading: its growth rate, whether the growth lasts, its peak."""
 
     def __init__(self, horizon_s: float = 1.0) -> None:
         self._points: collections.deque[tuple[float, float]] = collections.deque()
@@ -143,11 +176,34 @@ class _Series:
             self._points.popleft()
         self.peak = value if self.peak is None else max(self.peak, value)
 
+    def restart(self) -> None:
+        """Forget the growth so far (the tree changed); the peak stays."""
+        self._points.clear()
+
     def rate_per_s(self) -> float:
         if len(self._points) < 2:
             return 0.0
         (t0, v0), (t1, v1) = self._points[0], self._points[-1]
         return max(0.0, (v1 - v0) / (t1 - t0)) if t1 > t0 else 0.0
+
+    def sustained_rate_per_s(self) -> float | None:
+        """The speed growth has kept, if it rose at every reading for :data:`SUSTAINED_S`.
+
+        None when the last readings do not all rise, or span too little time: a single jump
+        is not extrapolated. The speed is the slowest of the last three intervals, so a ramp
+        that is slowing down (its first burst behind it) projects at its new pace, while a
+        leak, steady, projects at its own.
+        """
+        points = list(self._points)
+        run = 1
+        while run < len(points) and points[-run][1] > points[-run - 1][1]:
+            run += 1
+        rising = points[-run:]
+        if len(rising) < SUSTAINED_READINGS or rising[-1][0] - rising[0][0] < SUSTAINED_S:
+            return None
+        recent = rising[-SUSTAINED_READINGS:]
+        speeds = [(v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in itertools.pairwise(recent)]
+        return min(speeds)
 
 
 class MemoryGuard:
@@ -168,14 +224,20 @@ class MemoryGuard:
         self._gpu_indices = None if gpu_index is None else [gpu_index]
         self._lookahead_s = 2 * interval_s + kill_time_s
         self._clock = clock
-        self._ticks = 0
+        self._rss_move_bytes = RSS_MOVE_FRACTION * limits.host_bytes
+        cgroup = _cgroup.cgroup_memory()
+        self._host = _memory.HostMemoryFiles(cgroup.usage_file if cgroup is not None else None)
+        self._process_tree: ProcessTree | None = None
         self.start(None)
 
     def start(self, pid: int | None) -> None:
         """Begin watching a new trial's process tree rooted at ``pid``."""
+        self.stop()
         self._pid = pid
+        self._process_tree = ProcessTree(pid) if pid is not None else None
         self._ticks = 0
-        self._tree = _Series()
+        self._tree = _Series()  # every reading, estimates included: the peak
+        self._exact = _Series()  # exact readings since the tree last changed: the decisions
         self._shm = _Series()
         self._gpu_series = _Series()
         self._machine_used = _Series()
@@ -183,8 +245,29 @@ class MemoryGuard:
         self._swap_rates: collections.deque[float] = collections.deque(maxlen=3)
         self._cgroup_usage: int | None = None
         self._pressure: float | None = None
-        # (exact PSS, tree RSS, tree pids) at the last exact reading
-        self._pss_base: tuple[int, int, frozenset[int]] | None = None
+        # (exact PSS, tree RSS, tree pids, when) at the last exact reading
+        self._pss_base: tuple[int, int, frozenset[int], float] | None = None
+
+    def stop(self) -> None:
+        """Stop watching the trial: its processes' files are closed; the peaks stay readable."""
+        if self._process_tree is not None:
+            self._process_tree.close()
+            self._process_tree = None
+
+    def close(self) -> None:
+        """Close every file the guard keeps open; it cannot sample afterwards."""
+        self.stop()
+        self._host.close()
+
+    def __enter__(self) -> MemoryGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def tree(self) -> list[psutil.Process]:
+        """The trial's processes now (root first), listed cheaply; empty when none is watched."""
+        return self._process_tree.members() if self._process_tree is not None else []
 
     def peaks(self) -> dict[str, int]:
         """``peak_*_bytes`` user attrs for the trial so far."""
@@ -196,7 +279,7 @@ class MemoryGuard:
         return {key: int(value) for key, value in peaks.items() if value is not None}
 
     def _swap_out_rate(self, at: float) -> float | None:
-        total = _memory.swap_out_bytes_total()
+        total = self._host.swap_out_bytes_total()
         if total is None:
             return None
         previous, self._swap_out = self._swap_out, (at, total)
@@ -204,34 +287,47 @@ class MemoryGuard:
             return None
         return (total - previous[1]) / (at - previous[0])
 
-    def _tree_bytes(self, tree: list[psutil.Process]) -> int | None:
-        if not tree:
-            return None
-        rss = _memory.processes_rss_bytes(tree)
+    def _exact_due(self, rss: int, pids: frozenset[int], at: float) -> bool:
+        if self._pss_base is None:
+            return True
+        pss, base_rss, base_pids, base_at = self._pss_base
+        # A new worker's RSS counts every page it shares with its parent, and a sharer that
+        # exits leaves its share to the others: a changed tree is read again exactly.
+        if pids != base_pids or abs(rss - base_rss) >= self._rss_move_bytes:
+            return True
+        near = NEAR_FRACTION * self.limits.host_bytes
+        if pss + max(0, rss - base_rss) >= near:
+            return True
+        return at - base_at >= (EXACT_EVERY_NEAR_S if rss >= near else EXACT_EVERY_S)
+
+    def _tree_bytes(self, tree: list[psutil.Process], at: float) -> tuple[int | None, bool]:
+        """The tree's memory and whether it was read exactly (else the estimate)."""
+        if not tree or self._process_tree is None:
+            return None, False
+        rss = self._process_tree.rss_bytes(tree)
         pids = frozenset(process.pid for process in tree)
-        if self._pss_base is not None and self._ticks % PSS_EVERY_TICKS != 1:
-            pss, base_rss, base_pids = self._pss_base
-            # A new worker's RSS counts every page it shares with its parent: re-read exactly.
-            if pids == base_pids:
-                estimate = pss + max(0, rss - base_rss)
-                projected = estimate + self._tree.rate_per_s() * self._lookahead_s
-                if projected < NEAR_FRACTION * self.limits.host_bytes:
-                    return estimate
-        exact = _memory.processes_memory_bytes(tree)
-        self._pss_base = (exact, rss, pids)
-        return exact
+        if not self._exact_due(rss, pids, at):
+            assert self._pss_base is not None
+            pss, base_rss, _, _ = self._pss_base
+            return pss + max(0, rss - base_rss), False
+        exact = self._process_tree.pss_bytes(tree)
+        if self._pss_base is None or pids != self._pss_base[2]:
+            self._exact.restart()  # growth across a tree change is workers starting: a ramp
+        self._pss_base = (exact, rss, pids, at)
+        self._exact.add(at, exact)
+        return exact, True
 
     def sample(self, tree: list[psutil.Process] | None = None) -> GuardReading:
-        """Take one reading (the costlier ones every fifth tick) and remember it.
+        """Take one reading (swap, PSI and the cgroup every fifth tick) and remember it.
 
-        ``tree`` is the trial's processes when the caller has just listed them.
+        ``tree`` is the trial's processes when the caller has just listed them (:meth:`tree`).
         """
         at = self._clock()
         self._ticks += 1
-        if tree is None and self._pid is not None:
-            tree = _memory.process_tree(self._pid)
-        tree_bytes = self._tree_bytes(tree or [])
-        available = _memory.available_memory_bytes()
+        if tree is None:
+            tree = self.tree()
+        tree_bytes, exact = self._tree_bytes(tree, at)
+        available = self._host.available_bytes()
         shm = _memory.shm_usage()
         gpu = (
             _gpu.gpu_memory_used_bytes(self._gpu.read(), self._gpu_indices)
@@ -239,9 +335,8 @@ class MemoryGuard:
             else None
         )
         if self._ticks % 5 == 1:
-            cgroup = _memory.cgroup_memory()
-            self._cgroup_usage = cgroup.usage_bytes if cgroup is not None else None
-            pressure = _memory.memory_pressure()
+            self._cgroup_usage = self._host.cgroup_usage_bytes()
+            pressure = self._host.pressure()
             self._pressure = pressure.some_avg10 if pressure is not None else None
             rate = self._swap_out_rate(at)
             if rate is not None:
@@ -255,6 +350,7 @@ class MemoryGuard:
             gpu_bytes=gpu,
             swap_out_rate_bytes_per_s=self._swap_rates[-1] if self._swap_rates else None,
             pressure_some_avg10=self._pressure,
+            tree_exact=exact,
         )
         self._tree.add(at, tree_bytes)
         self._shm.add(at, reading.shm_bytes)
@@ -269,15 +365,19 @@ class MemoryGuard:
             return None
         if value >= APPROACH_FRACTION * limit:
             return Breach(kind, value, limit, predicted=False)
-        projected = value + series.rate_per_s() * self._lookahead_s
-        if projected >= limit:
+        near = value >= CONFIRM_FRACTION * limit
+        if near and value + series.rate_per_s() * self._lookahead_s >= limit:
+            return Breach(kind, value, limit, predicted=True)
+        lasting = series.sustained_rate_per_s()
+        if lasting is not None and value + lasting * self._lookahead_s >= limit:
             return Breach(kind, value, limit, predicted=True)
         return None
 
     def check(self, reading: GuardReading) -> Breach | None:
         """The first limit that is crossed or about to be, or None."""
         limits = self.limits
-        breach = self._check("host", reading.tree_bytes, self._tree, limits.host_bytes)
+        tree = reading.tree_bytes if reading.tree_exact else None
+        breach = self._check("host", tree, self._exact, limits.host_bytes)
         if breach is None:
             reserve = limits.machine_total_bytes * (1 - MACHINE_RESERVE_FRACTION)
             used = limits.machine_total_bytes - reading.available_bytes

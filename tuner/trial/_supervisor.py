@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from tuner.machine._memory import process_tree
+from tuner.machine._process import process_tree
 from tuner.trial._guard import Breach, MemoryGuard
 from tuner.trial._outcome import TrialOutcome, classify_exit
 from tuner.trial._protocol import Failure, Fits, Job, Message, Progress, Result
@@ -162,7 +162,7 @@ class Supervisor:
             while outcome is None:
                 now = time.monotonic()
                 if now >= next_sample:
-                    tree = process_tree(pid)
+                    tree = self.guard.tree()
                     for member in tree:
                         known.setdefault(member.pid, member)
                     breach = self.guard.check(self.guard.sample(tree))
@@ -196,6 +196,7 @@ class Supervisor:
                 kill_tree(pid, leftovers, self.kill_grace_s)
                 process.join(timeout=5.0)
             _reap(list(known))
+            self.guard.stop()
         outcome.attrs.update(self.guard.peaks())
         return outcome
 

@@ -27,13 +27,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import os
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
 import psutil
 
 from tuner.machine import _gpu
+from tuner.machine._fingerprint import usable_cores
+from tuner.machine._memory import swap_used_bytes
 
 __all__ = [
     "STEPS_CSV",
@@ -96,14 +97,6 @@ class _Sample:
     gpu_memory_bytes: int | None
 
 
-def _usable_cores() -> list[int] | None:
-    """The CPUs this process may run on (its affinity), or None where that is unknown."""
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-
-
 def _busy_and_iowait(before: Any, after: Any) -> tuple[float, float] | None:
     """Busy and iowait percent of one CPU between two ``psutil.cpu_times`` (scputimes)."""
     fields = before._fields
@@ -118,14 +111,6 @@ def _busy_and_iowait(before: Any, after: Any) -> tuple[float, float] | None:
     return 100.0 * busy / total, 100.0 * max(0.0, iowait) / total
 
 
-def _swap_used_bytes() -> int | None:
-    try:
-        swap = psutil.swap_memory()
-    except (OSError, RuntimeError):  # no /proc/swaps or /proc/vmstat in some containers
-        return None
-    return int(swap.used) if swap.total else None
-
-
 class TelemetrySampler:
     """Samples the machine once per call; one instance per trial, used from one thread.
 
@@ -135,7 +120,7 @@ class TelemetrySampler:
     def __init__(self, gpu: _gpu.GpuReader | None = None, gpu_index: int | None = None) -> None:
         self._gpu = gpu if gpu is not None and gpu.available else None
         self._gpu_index = gpu_index
-        self._cores = _usable_cores()
+        self._cores = usable_cores()
         self._samples: list[_Sample] = []
         self._previous_times: list[Any] | None = None
         self._started_at: float | None = None
@@ -193,7 +178,7 @@ class TelemetrySampler:
                 iowait_percent=iowait,
                 core_percents=cores,
                 available_memory_bytes=int(psutil.virtual_memory().available),
-                swap_used_bytes=_swap_used_bytes(),
+                swap_used_bytes=swap_used_bytes(),
                 gpu_utilization_percent=utilization,
                 gpu_memory_bytes=gpu_memory,
             )

@@ -1,0 +1,102 @@
+"""The memory wall from stored trials: confirmed breaches only, falls, and the model's re-test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.distributions import IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.run._walls import PREDICTED_PEAK_ATTR, RETEST_ATTR, memory_walls, wall_verdict
+from tuner.search._memory_model import MemoryFigures, predicted_peak_bytes
+from tuner.search._settings import LoaderSettings
+
+MiB = 2**20
+LIMIT = 1000 * MiB
+FIGURES = MemoryFigures(main_bytes=200 * MiB, worker_bytes=20 * MiB, sample_bytes=0.5 * MiB)
+
+
+def setting(workers: int, batch: int, prefetch: int = 2) -> LoaderSettings:
+    return LoaderSettings(
+        batch=batch, num_workers=workers, prefetch_factor=prefetch if workers else None
+    )
+
+
+def trial(number: int, settings: LoaderSettings, state: TrialState, **attrs: Any) -> FrozenTrial:
+    frozen = optuna.trial.create_trial(
+        state=state,
+        value=100.0 if state == TrialState.COMPLETE else None,
+        params={"num_workers": settings.num_workers},
+        distributions={"num_workers": IntDistribution(0, 8)},
+        user_attrs={"settings": settings.to_attrs(), **attrs},
+    )
+    frozen.number = number
+    return frozen
+
+
+def complete(number: int, settings: LoaderSettings) -> FrozenTrial:
+    peak = predicted_peak_bytes(settings, FIGURES)
+    return trial(number, settings, TrialState.COMPLETE, peak_host_memory_bytes=peak)
+
+
+def guard_pruned(number: int, settings: LoaderSettings, predicted: bool) -> FrozenTrial:
+    return trial(
+        number,
+        settings,
+        TrialState.PRUNED,
+        pruned_reason="memory_guard: host",
+        guard_predicted=predicted,
+    )
+
+
+def test_only_confirmed_breaches_make_walls() -> None:
+    trials = [
+        guard_pruned(0, setting(2, 64), predicted=True),
+        guard_pruned(1, setting(4, 128), predicted=False),
+        trial(2, setting(4, 256), TrialState.PRUNED, pruned_reason="cuda_oom"),
+        trial(3, setting(1, 16), TrialState.PRUNED, pruned_reason="pruner"),
+    ]
+    assert [number for number, _ in memory_walls(trials)] == [1, 2]
+
+
+def test_a_wall_falls_once_a_larger_setting_completes() -> None:
+    trials = [guard_pruned(0, setting(2, 64), predicted=False), complete(1, setting(2, 128))]
+    assert memory_walls(trials) == []
+
+
+def test_dominated_setting_is_pruned_without_a_model() -> None:
+    trials = [guard_pruned(0, setting(2, 64), predicted=False)]
+    verdict = wall_verdict(trials, setting(4, 64), LIMIT)
+    assert (verdict.dominated_by, verdict.retest_of, verdict.predicted_peak_bytes) == (
+        0,
+        None,
+        None,
+    )
+    assert wall_verdict(trials, setting(1, 64), LIMIT).dominated_by is None
+
+
+def measured() -> list[FrozenTrial]:
+    grid = [setting(0, 16), setting(1, 32), setting(2, 16, 4), setting(1, 64, 4)]
+    return [complete(number, settings) for number, settings in enumerate(grid)]
+
+
+def test_the_model_re_tests_a_wall_once_when_a_dominated_setting_fits() -> None:
+    wall = guard_pruned(4, setting(2, 32), predicted=False)  # the model puts it at 312 MiB
+    candidate = setting(2, 32, 4)  # dominates the wall; the model: 356 MiB, far below 1000 MiB
+    verdict = wall_verdict([*measured(), wall], candidate, LIMIT)
+    assert verdict.retest_of == 4 and verdict.dominated_by is None
+    assert verdict.predicted_peak_bytes == predicted_peak_bytes(candidate, FIGURES)
+    retest = guard_pruned(5, candidate, predicted=False)
+    retest.user_attrs[RETEST_ATTR] = 4
+    again = wall_verdict([*measured(), wall, retest], setting(4, 32, 4), LIMIT)
+    assert (again.retest_of, again.dominated_by) == (None, 4)
+
+
+def test_no_re_test_where_the_model_says_it_does_not_fit() -> None:
+    wall = guard_pruned(4, setting(2, 256), predicted=False)
+    candidate = setting(2, 512, 4)  # 200 + 40 + 512 * 9 * 0.5 MiB: far above the limit
+    verdict = wall_verdict([*measured(), wall], candidate, LIMIT)
+    assert (verdict.dominated_by, verdict.retest_of) == (4, None)
+    assert verdict.predicted_peak_bytes is not None and verdict.predicted_peak_bytes > LIMIT
+    assert PREDICTED_PEAK_ATTR == "predicted_peak_host_memory_bytes"

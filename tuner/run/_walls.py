@@ -1,0 +1,109 @@
+"""The memory wall: which settings the study need not run, because a smaller one did not fit.
+
+A wall is a setting that did not fit, confirmed: the guard saw its tree within 2% of the limit
+(``guard_predicted`` False), or the trial died of an out-of-memory error. A trial the guard
+stopped on a prediction makes no wall: a prediction can be wrong, and a wall would spread the
+error to every larger setting. A setting at least as large in every memory driver as a wall
+(:meth:`~tuner.search.LoaderSettings.dominates`) is pruned ``memory_wall`` without running,
+unless the memory model, fitted to the peaks the study has measured, says it fits well below
+the limit; then it runs once as a re-test of that wall (user attr ``retest_of_wall``). A wall
+falls once any setting at least as large completes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner._attrs import has_settings, trial_settings
+from tuner._naming import is_memory_reason
+from tuner.search._memory_model import MemoryFigures, fit_memory_figures, predicted_peak_bytes
+from tuner.search._settings import LoaderSettings
+
+__all__ = [
+    "PREDICTED_PEAK_ATTR",
+    "RETEST_ATTR",
+    "WallVerdict",
+    "memory_figures",
+    "memory_walls",
+    "wall_verdict",
+]
+
+PREDICTED_PEAK_ATTR = "predicted_peak_host_memory_bytes"
+"""Trial user attr: the memory model's peak for the setting, beside the measured one."""
+
+RETEST_ATTR = "retest_of_wall"
+"""Trial user attr: the wall this trial re-tests (it is dominated by it, the model says it fits)."""
+
+RETEST_BELOW_FRACTION = 0.9
+"""The model must put a dominated setting this far below the limit to re-test its wall."""
+
+
+def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, LoaderSettings]]:
+    """Settings that did not fit, confirmed (not on a prediction), with their trial numbers.
+
+    A wall falls once a setting at least as large completed: its breach was not the setting's.
+    """
+    walls, fitted = [], []
+    for trial in trials:
+        attrs = trial.user_attrs
+        if not has_settings(trial):
+            continue
+        settings = trial_settings(trial)
+        if trial.state == TrialState.COMPLETE:
+            fitted.append(settings)
+        confirmed = is_memory_reason(attrs.get("pruned_reason")) and not attrs.get(
+            "guard_predicted", False
+        )
+        if trial.state == TrialState.PRUNED and confirmed:
+            walls.append((trial.number, settings))
+    return [
+        (number, wall)
+        for number, wall in walls
+        if not any(settings.dominates(wall) for settings in fitted)
+    ]
+
+
+def memory_figures(
+    trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings
+) -> MemoryFigures | None:
+    """The model's figures fitted to the complete trials with ``settings``' knobs."""
+    observations = []
+    for trial in trials:
+        attrs = trial.user_attrs
+        peak = attrs.get("peak_host_memory_bytes")
+        if trial.state != TrialState.COMPLETE or peak is None or "repeat_of" in attrs:
+            continue
+        measured = trial_settings(trial)
+        if measured.knobs == settings.knobs:
+            observations.append((measured, float(peak)))
+    return fit_memory_figures(observations)
+
+
+@dataclasses.dataclass(frozen=True)
+class WallVerdict:
+    """What the walls say about one setting before it runs."""
+
+    predicted_peak_bytes: int | None
+    dominated_by: int | None = None
+    """The wall that stands against the setting: prune it without running."""
+    retest_of: int | None = None
+    """The wall the setting re-tests: run it."""
+
+
+def wall_verdict(
+    trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings, host_limit_bytes: int
+) -> WallVerdict:
+    figures = memory_figures(trials, settings)
+    predicted = predicted_peak_bytes(settings, figures) if figures is not None else None
+    fits = predicted is not None and predicted < RETEST_BELOW_FRACTION * host_limit_bytes
+    retested = {trial.user_attrs.get(RETEST_ATTR) for trial in trials}
+    for wall_number, wall in memory_walls(trials):
+        if not settings.dominates(wall):
+            continue
+        if fits and wall_number not in retested:
+            return WallVerdict(predicted, retest_of=wall_number)
+        return WallVerdict(predicted, dominated_by=wall_number)
+    return WallVerdict(predicted)
