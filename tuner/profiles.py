@@ -66,6 +66,7 @@ def _study_json(study: StoredStudy) -> dict[str, object]:
         "study": study.name,
         "profile": study.profile_name,
         "finished_trials": study.finished_trials,
+        "best_trial": study.best_trial_number,
         "best_samples_per_sec": study.best_samples_per_sec,
         "best_settings": study.best_settings,
     }
@@ -119,9 +120,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_table(["field", "value"], list(dataclasses.asdict(profile).items())))
         if mine:
             rows = [
-                [s.name, s.finished_trials, f"{s.best_samples_per_sec or 0:,.1f}"] for s in mine
+                [
+                    s.name,
+                    s.finished_trials,
+                    s.best_trial_number if s.best_trial_number is not None else "-",
+                    f"{s.best_samples_per_sec or 0:,.1f}",
+                ]
+                for s in mine
             ]
-            print("\n" + format_table(["study", "finished trials", "best samples/s"], rows))
+            headers = ["study", "finished trials", "best trial", "best samples/s"]
+            print("\n" + format_table(headers, rows))
         else:
             print(f"\nno study stored for {profile.name}")
         return 0
