@@ -230,6 +230,7 @@ def loader(
     *,
     workload: Workload | None = None,
     set_threads: bool = True,
+    study: str | None = None,
     **dataloader_kwargs: Any,
 ) -> DataLoader | AdaptiveLoader:
     """A DataLoader with the whole best setting stored for ``objective@hardware``.
@@ -240,7 +241,8 @@ def loader(
     tuned (``torch.set_num_threads``, logged; ``set_threads=False`` leaves them alone). With no
     study (or no finished trial) it falls back to the rule of thumb with a warning.
     ``dataloader_kwargs`` (``collate_fn``, ``shuffle``, ...) are passed through;
-    ``batch_size`` overrides the tuned batch.
+    ``batch_size`` overrides the tuned batch; ``study`` names a study other than
+    ``<objective>@<hardware>`` (as ``--study-name`` does).
     """
     if (dataset is None) == (workload is None):
         raise TypeError("tuner.loader takes a dataset or workload=, exactly one of them")
@@ -249,7 +251,7 @@ def loader(
     profile = _hardware.resolve_profile(hardware, catalog, fingerprint)
     best: BestSetting | None
     try:
-        best = best_setting(hardware, objective, storage)
+        best = best_setting(hardware, objective, storage, study=study)
         settings, batch_param = best.settings, best.batch_param
     except NoResultError as error:
         warnings.warn(f"{error}; using the rule of thumb", stacklevel=2)

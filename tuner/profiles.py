@@ -72,6 +72,34 @@ def _study_json(study: StoredStudy) -> dict[str, object]:
     }
 
 
+def _show(profile: _hardware.Profile, studies: list[StoredStudy], output: str) -> None:
+    """``show NAME``: the profile, and its studies with their best trial and figure."""
+    mine = [s for s in studies if s.profile_name == profile.name]
+    if output == "json":
+        print(
+            json.dumps(
+                {"profile": dataclasses.asdict(profile), "studies": [_study_json(s) for s in mine]},
+                indent=2,
+            )
+        )
+        return
+    print(format_table(["field", "value"], list(dataclasses.asdict(profile).items())))
+    if not mine:
+        print(f"\nno study stored for {profile.name}")
+        return
+    rows = [
+        [
+            s.name,
+            s.finished_trials,
+            s.best_trial_number if s.best_trial_number is not None else "-",
+            f"{s.best_samples_per_sec or 0:,.1f}",
+        ]
+        for s in mine
+    ]
+    headers = ["study", "finished trials", "best trial", "best samples/s"]
+    print("\n" + format_table(headers, rows))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     catalog = _hardware.load_catalog(args.profiles)
@@ -104,34 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb == "show":
         if args.name not in profiles:
             raise UsageError(f"unknown profile {args.name!r}; known: {', '.join(sorted(profiles))}")
-        profile = profiles[args.name]
-        mine = [s for s in studies if s.profile_name == profile.name]
-        if args.format == "json":
-            print(
-                json.dumps(
-                    {
-                        "profile": dataclasses.asdict(profile),
-                        "studies": [_study_json(s) for s in mine],
-                    },
-                    indent=2,
-                )
-            )
-            return 0
-        print(format_table(["field", "value"], list(dataclasses.asdict(profile).items())))
-        if mine:
-            rows = [
-                [
-                    s.name,
-                    s.finished_trials,
-                    s.best_trial_number if s.best_trial_number is not None else "-",
-                    f"{s.best_samples_per_sec or 0:,.1f}",
-                ]
-                for s in mine
-            ]
-            headers = ["study", "finished trials", "best trial", "best samples/s"]
-            print("\n" + format_table(headers, rows))
-        else:
-            print(f"\nno study stored for {profile.name}")
+        _show(profiles[args.name], studies, args.format)
         return 0
     if args.format == "json":
         listed = [

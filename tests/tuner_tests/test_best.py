@@ -23,8 +23,15 @@ import torch
 from torch.utils.data import default_collate
 
 import tuner
+from storage import open_storage
 from tests.conftest import ROOT, best_cli, study_cli
-from tuner.insight import BestSetting
+from tests.tuner_tests.test_note import remeasured_the_other_way
+from tests.tuner_tests.workloads import Vectors
+from tuner.dashboard import TunerBestStorage
+from tuner.fleet import stored_studies
+from tuner.insight import BestSetting, optuna_best
+from tuner.insight._note import study_note
+from tuner.insight._report import build_report
 
 IMAGE_OPTIONS = ("--images", "64", "--resolution", "32")
 
@@ -180,3 +187,29 @@ def test_the_table_and_the_summary_name_the_same_best(image_study: str) -> None:
     )
     assert "torch_num_threads" in table.stdout and "collate" in table.stdout
     assert f"torch.set_num_threads({setting.torch_num_threads})" in table.stdout
+
+
+def test_one_best_everywhere(tmp_path: Path) -> None:
+    """Where Optuna's best is another trial, every reader still names the tuner's best."""
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    study = remeasured_the_other_way(url)
+    study.set_user_attr("profile", {"name": "local-test", "vcpus": 2, "memory_bytes": 2**30})
+    chosen = tuner.best_setting(storage=url, study=study.study_name)
+    theirs = optuna_best(study)
+    assert theirs is not None and theirs.number != chosen.trial_number
+    figure = f"{chosen.samples_per_sec:,.1f} samples/s"
+
+    (stored,) = stored_studies(open_storage(url, heartbeat_interval=None))
+    assert (stored.best_trial_number, stored.best_samples_per_sec) == (
+        chosen.trial_number,
+        chosen.samples_per_sec,
+    )
+    assert f"## Best: trial {chosen.trial_number}\n\n**{figure}**" in study_note(study)
+    assert f"best: trial {chosen.trial_number}, {figure}" in build_report(study)
+    served = TunerBestStorage(url)
+    best = served.get_best_trial(served.get_study_id_from_name(study.study_name))
+    assert best.number == chosen.trial_number
+    loaded = tuner.loader(Vectors(), storage=url, study=study.study_name, set_threads=False)
+    assert {key: getattr(loaded, key) for key in chosen.dataloader_kwargs} == (
+        chosen.dataloader_kwargs
+    )

@@ -86,22 +86,11 @@ def _optuna_differs(study: optuna.Study, chosen: BestSetting) -> list[str]:
     ]
 
 
-def study_note(study: optuna.Study) -> str:
-    """The study's Markdown note, from what the database holds now."""
-    trials = study.get_trials(deepcopy=False)
-    counts = collections.Counter(trial.state.name.lower() for trial in trials)
-    lines = [f"# {study.study_name}", ""]
-    lines.append(
-        f"{len(trials)} trials: " + ", ".join(f"{n} {state}" for state, n in counts.items())
-        if trials
-        else "No trial yet."
-    )
-    lines.append("")
-    chosen = study_best(study)
-    if chosen is None or chosen.trial is None:
-        lines += ["No trial has completed yet; see the trials' `pruned_reason` and `error`."]
-        return "\n".join(lines) + "\n"
+def _best_section(study: optuna.Study, chosen: BestSetting) -> list[str]:
+    """The best: its figure, why Optuna's differs, speedups, diagnosis, the setting as code."""
+    lines: list[str] = []
     best = chosen.trial
+    assert best is not None
     how = "re-measured median" if chosen.remeasured else "one window"
     ceiling = study.user_attrs.get(CEILING_ATTR)
     share = efficiency(chosen.samples_per_sec, ceiling)
@@ -143,6 +132,25 @@ def study_note(study: optuna.Study) -> str:
         "```",
         "",
     ]
+    return lines
+
+
+def study_note(study: optuna.Study) -> str:
+    """The study's Markdown note, from what the database holds now."""
+    trials = study.get_trials(deepcopy=False)
+    counts = collections.Counter(trial.state.name.lower() for trial in trials)
+    lines = [f"# {study.study_name}", ""]
+    lines.append(
+        f"{len(trials)} trials: " + ", ".join(f"{n} {state}" for state, n in counts.items())
+        if trials
+        else "No trial yet."
+    )
+    lines.append("")
+    chosen = study_best(study)
+    if chosen is None or chosen.trial is None:
+        lines += ["No trial has completed yet; see the trials' `pruned_reason` and `error`."]
+        return "\n".join(lines) + "\n"
+    lines += _best_section(study, chosen)
     lines += ["## Machines", ""]
     finished = [t for t in trials if t.state != TrialState.RUNNING]
     lines += _machines(finished)
