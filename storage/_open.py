@@ -80,12 +80,14 @@ def open_storage(
     grace_period: int | None = None,
     max_retry: int | None = DEFAULT_MAX_RETRY,
     connect_retry_seconds: float | None = 0.0,
+    storage_class: type[RDBStorage] = RDBStorage,
 ) -> BaseStorage:
     """Open (and create, if new) the storage at ``url``; raise :class:`StorageError` if it can't.
 
     ``connect_retry_seconds`` is how long to wait for an unreachable server: 0 for the CLI's
     first contact (a wrong URL should fail at once), longer for workers riding out a restart.
-    ``grpc://host:port`` opens Optuna's gRPC proxy client, which has no heartbeats.
+    ``storage_class`` is the RDBStorage (sub)class to build. ``grpc://host:port`` opens
+    Optuna's gRPC proxy client, which has no heartbeats (and is never ``storage_class``).
     """
     if url.startswith(GRPC_SCHEME):
         return _open_grpc(url)
@@ -105,7 +107,7 @@ def open_storage(
         with storage_lock(url), warnings.catch_warnings():
             # Heartbeats are experimental in Optuna 5; we rely on them knowingly.
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(url, engine_kwargs=engine_options(url), **heartbeat)
+            return storage_class(url, engine_kwargs=engine_options(url), **heartbeat)
 
     try:
         return with_retry(create, "opening the storage", retry_seconds=connect_retry_seconds)

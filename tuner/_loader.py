@@ -5,6 +5,11 @@ may have fewer usable CPUs or less memory free. Workers are scaled down to the C
 usable, prefetching to the memory actually available. With ``adapt=True`` the loader re-reads the
 machine between epochs (never inside one) and steps ``num_workers`` and ``prefetch_factor`` down
 under pressure and back up towards the optimum when the pressure is gone.
+
+The whole setting is applied, not only the DataLoader arguments: the main process's intra-op
+threads (``torch.set_num_threads``, logged, ``set_threads=False`` to keep yours), and the
+workload's knobs through its ``configure`` when the workload is given. What a bare dataset
+cannot take (knobs, a token budget) is a warning, never silently dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from typing import Any
 import psutil
 from torch.utils.data import DataLoader, Dataset
 
-from tuner.insight._best import NoResultError, find_best
+from objectives import Workload
+from tuner.insight._best import BestSetting, NoResultError, best_setting
 from tuner.machine import (
     _gpu,
     _memory,
@@ -90,11 +96,14 @@ def read_machine() -> MachineState:
 def clamp_to_machine(
     settings: LoaderSettings, profile_vcpus: int, profile_memory_bytes: int, state: MachineState
 ) -> LoaderSettings:
-    """Fewer usable CPUs: proportionally fewer workers; less RAM: a proportionally smaller prefetch.
+    """Fewer usable CPUs: proportionally fewer workers, and no more intra-op threads than CPUs;
+    less RAM: a proportionally smaller prefetch.
 
     RAM within the profile's matching tolerance counts as the same machine; the load of the
     moment is ``adapt``'s business, not this clamp's.
     """
+    threads = max(1, min(settings.torch_num_threads, state.usable_cpus))
+    settings = dataclasses.replace(settings, torch_num_threads=threads)
     workers = settings.num_workers
     if state.usable_cpus < profile_vcpus:
         workers = scale_workers(workers, profile_vcpus, state.usable_cpus)
@@ -194,34 +203,85 @@ class AdaptiveLoader:
         return len(self._loader)
 
 
+def _workload_kwargs(workload: Workload, settings: LoaderSettings) -> dict[str, Any]:
+    """What the configured workload adds to the tuned kwargs: batch sampler, collate, shuffle."""
+    built = settings.build_dataloader_kwargs(workload, seed=0)
+    plain = settings.dataloader_kwargs(workload.batch_param)
+    return {key: value for key, value in built.items() if key not in plain}
+
+
+def _unapplied(best: BestSetting, dataloader_kwargs: dict[str, Any]) -> None:
+    """Say what of the tuned setting a bare dataset cannot take, rather than drop it silently."""
+    if best.knobs:
+        knobs = ", ".join(f"{knob}={value!r}" for knob, value in best.knobs.items())
+        warnings.warn(
+            f"tuner.loader: {best.study_name} trial {best.trial_number} was measured with the "
+            f"workload knobs {knobs}, which a bare dataset cannot take: pass workload= (its "
+            "configure applies them) or apply them in your code "
+            "(python -m tuner.best --format python shows how)",
+            stacklevel=3,
+        )
+    if best.batch_param != "batch_size" and "batch_sampler" not in dataloader_kwargs:
+        warnings.warn(
+            f"tuner.loader: the tuned {best.batch_param}={best.batch} is a batch sampler's: pass "
+            "workload= (its batch sampler takes it) or batch_sampler=",
+            stacklevel=3,
+        )
+
+
 def loader(
-    dataset: Dataset,
+    dataset: Dataset | None = None,
     hardware: str = "auto",
     objective: str = "image",
     storage: str | None = None,
     adapt: bool = False,
     batch_size: int | None = None,
+    *,
+    workload: Workload | None = None,
+    set_threads: bool = True,
+    study: str | None = None,
     **dataloader_kwargs: Any,
 ) -> DataLoader | AdaptiveLoader:
-    """A DataLoader over ``dataset`` with the best setting stored for ``objective@hardware``.
+    """A DataLoader with the whole best setting stored for ``objective@hardware``.
 
-    The setting is clamped to this machine. With no study (or no finished trial) it falls back
-    to the rule of thumb with a warning. ``dataloader_kwargs`` (``collate_fn``, ``shuffle``, ...)
-    are passed through; ``batch_size`` overrides the tuned one.
+    Give ``dataset``, or ``workload`` (the workload the study measured): its ``configure``
+    then applies the tuned knobs, and its dataset, collate and batch sampler are used. The
+    setting is clamped to this machine, and the main process's intra-op threads are set as
+    tuned (``torch.set_num_threads``, logged; ``set_threads=False`` leaves them alone). With no
+    study (or no finished trial) it falls back to the rule of thumb with a warning.
+    ``dataloader_kwargs`` (``collate_fn``, ``shuffle``, ...) are passed through;
+    ``batch_size`` overrides the tuned batch; ``study`` names a study other than
+    ``<objective>@<hardware>`` (as ``--study-name`` does).
     """
+    if (dataset is None) == (workload is None):
+        raise TypeError("tuner.loader takes a dataset or workload=, exactly one of them")
     catalog = load_catalog()
     fingerprint = detect_fingerprint()
     profile = resolve_profile(hardware, catalog, fingerprint)
+    best: BestSetting | None
     try:
-        best = find_best(hardware, objective, storage)
+        best = best_setting(hardware, objective, storage, study=study)
         settings, batch_param = best.settings, best.batch_param
     except NoResultError as error:
         warnings.warn(f"{error}; using the rule of thumb", stacklevel=2)
-        settings, batch_param = _rule_of_thumb(batch_size or 32), "batch_size"
+        best, batch_param = None, workload.batch_param if workload else "batch_size"
+        settings = _rule_of_thumb(batch_size or (workload.default_batch_size if workload else 32))
     if batch_size is not None:
         settings = dataclasses.replace(settings, batch=batch_size)
     settings = clamp_to_machine(settings, profile.vcpus, profile.memory_bytes, read_machine())
-    settings = dataclasses.replace(settings, multiprocessing_context=None)
+    if best is not None and set_threads:
+        dataclasses.replace(best, settings=settings).apply(_log)
+    if workload is not None:
+        if workload.batch_param != batch_param:
+            raise ValueError(
+                f"workload {workload.name!r} tunes {workload.batch_param}, the study {batch_param}"
+            )
+        workload = workload.with_knobs(settings.knobs)
+        dataset = workload.dataset
+        dataloader_kwargs = {**_workload_kwargs(workload, settings), **dataloader_kwargs}
+    elif best is not None:
+        _unapplied(best, dataloader_kwargs)
+    assert dataset is not None
     if adapt:
         return AdaptiveLoader(dataset, settings, batch_param, dataloader_kwargs)
     return DataLoader(dataset, **{**settings.dataloader_kwargs(batch_param), **dataloader_kwargs})

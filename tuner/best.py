@@ -1,19 +1,24 @@
-"""``python -m tuner.best``: print the best DataLoader setting stored for a hardware profile.
+"""``python -m tuner.best``: print the best setting stored for a hardware profile, all of it.
 
 python -m tuner.best --hardware auto --format python
-python -m tuner.best --hardware g4dn.xlarge --format json > loader.json
+python -m tuner.best --hardware g4dn.xlarge --format json > best.json
+
+Every format carries the whole setting (DataLoader arguments, the main process's intra-op
+threads, the workload's knobs) from one :class:`tuner.insight.BestSetting`. The JSON shape is
+documented in the README: ``DataLoader(ds, **setting["dataloader"])`` stays one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
+import optuna
+
 from tuner._cli import ArgumentParser, add_common, run_cli, storage_url
-from tuner.insight._best import find_best
-from tuner.insight._snippet import dataloader_snippet, extra_settings
+from tuner.insight._best import best_setting
+from tuner.insight._snippet import extra_settings
 from tuner.insight._table import format_table
 
 __all__ = ["main", "parser"]
@@ -30,25 +35,29 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    best = find_best(
-        args.hardware, args.objective, storage_url(args.storage), args.profiles, args.study_name
-    )
-    kwargs = best.dataloader_kwargs()
-    extra = extra_settings(best.settings, best.batch_param)
-    summary = (
-        f"{best.study_name}: trial {best.trial.number}, {best.samples_per_sec:,.1f} samples/s, "
-        f"best of {best.finished_trials} finished trials"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    best = best_setting(
+        args.hardware,
+        args.objective,
+        storage_url(args.storage),
+        profiles_file=args.profiles,
+        study=args.study_name,
     )
     if args.format == "json":
-        # stdout is exactly DataLoader(ds, **kw); the rest goes to stderr for humans.
-        print(json.dumps(kwargs, indent=2))
-        print(f"# {summary}; also: {json.dumps(extra)}", file=sys.stderr)
+        print(json.dumps(best.to_json(), indent=2))
     elif args.format == "python":
-        print(f"# {summary}")
-        print(dataloader_snippet(best.settings, best.batch_param))
+        print(f"# {best.summary()}")
+        print(best.snippet())
     else:
-        print(summary)
-        print(format_table(["parameter", "value"], [*kwargs.items(), *extra.items()]))
+        print(best.summary())
+        extra = extra_settings(best.settings, best.batch_param)
+        rows = [*best.dataloader_kwargs.items(), *extra.items()]
+        print(format_table(["parameter", "value"], rows))
+        print(
+            "\napply all of it: DataLoader(dataset, **kwargs), "
+            f"torch.set_num_threads({best.torch_num_threads}) in the training process"
+            + (", and the workload's knobs (--format python shows the code)" if best.knobs else "")
+        )
     return 0
 
 

@@ -7,6 +7,10 @@ It serves the same storage the studies write (``--storage``, else ``$TUNER_STORA
 ``sqlite:///tuner.db``) with the same artifact store (``tuner-artifacts/`` beside an SQLite file,
 or ``--artifact-dir``), so each trial's ``telemetry.csv`` and ``steps.csv`` open in its trial
 view. It binds to 127.0.0.1 unless told otherwise: the dashboard can delete studies.
+
+The dashboard's "best trial" is the tuner's best (the re-measured winner that ``tuner.best``,
+``tuner.loader``, the note and the report name), not Optuna's highest single window: see
+:class:`TunerBestStorage` (a gRPC proxy URL serves Optuna's own).
 """
 
 from __future__ import annotations
@@ -17,11 +21,34 @@ import sys
 import wsgiref.simple_server
 from collections.abc import Sequence
 
+import optuna
+from optuna.storages import RDBStorage
+from optuna.trial import FrozenTrial
+
 from storage import mask_url, open_storage, sqlite_file_missing
 from tuner._cli import ArgumentParser, UsageError, run_cli, storage_url
+from tuner.insight._summary import best_trial
 from tuner.trial._artifacts import open_artifact_store
 
-__all__ = ["main", "parser"]
+__all__ = ["TunerBestStorage", "main", "parser"]
+
+
+class TunerBestStorage(RDBStorage):
+    """An RDBStorage that names the tuner's best as a study's best trial.
+
+    optuna-dashboard asks its storage for a study's best trial (``get_best_trial``), which
+    Optuna answers with the highest single window. The tuner's best is the winner of fresh
+    side-by-side rounds, and finished trials are immutable, so the re-measured medians cannot
+    become trial values; this storage answers with the trial ``tuner.best`` names instead.
+    Studies the tuner did not write get Optuna's answer, which ``best_trial`` falls back to.
+    """
+
+    def get_best_trial(self, study_id: int) -> FrozenTrial:
+        name = self.get_study_name_from_id(study_id)
+        best = best_trial(optuna.load_study(study_name=name, storage=self))
+        if best is None:
+            raise ValueError("No trials are completed yet.")
+        return best
 
 
 class _ThreadingServer(socketserver.ThreadingMixIn, wsgiref.simple_server.WSGIServer):
@@ -69,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"no database at {mask_url(url)}; create a study first: "
             "python -m tuner.study --hardware auto"
         )
-    storage = open_storage(url, heartbeat_interval=None)
+    storage = open_storage(url, heartbeat_interval=None, storage_class=TunerBestStorage)
     try:
         store = open_artifact_store(url, args.artifact_dir)
     except OSError as error:

@@ -72,9 +72,38 @@ def _study_json(study: StoredStudy) -> dict[str, object]:
         "study": study.name,
         "profile": study.profile_name,
         "finished_trials": study.finished_trials,
+        "best_trial": study.best_trial_number,
         "best_samples_per_sec": study.best_samples_per_sec,
         "best_settings": study.best_settings,
     }
+
+
+def _show(profile: Profile, studies: list[StoredStudy], output: str) -> None:
+    """``show NAME``: the profile, and its studies with their best trial and figure."""
+    mine = [s for s in studies if s.profile_name == profile.name]
+    if output == "json":
+        print(
+            json.dumps(
+                {"profile": dataclasses.asdict(profile), "studies": [_study_json(s) for s in mine]},
+                indent=2,
+            )
+        )
+        return
+    print(format_table(["field", "value"], list(dataclasses.asdict(profile).items())))
+    if not mine:
+        print(f"\nno study stored for {profile.name}")
+        return
+    rows = [
+        [
+            s.name,
+            s.finished_trials,
+            s.best_trial_number if s.best_trial_number is not None else "-",
+            f"{s.best_samples_per_sec or 0:,.1f}",
+        ]
+        for s in mine
+    ]
+    headers = ["study", "finished trials", "best trial", "best samples/s"]
+    print("\n" + format_table(headers, rows))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,27 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb == "show":
         if args.name not in profiles:
             raise UsageError(f"unknown profile {args.name!r}; known: {', '.join(sorted(profiles))}")
-        profile = profiles[args.name]
-        mine = [s for s in studies if s.profile_name == profile.name]
-        if args.format == "json":
-            print(
-                json.dumps(
-                    {
-                        "profile": dataclasses.asdict(profile),
-                        "studies": [_study_json(s) for s in mine],
-                    },
-                    indent=2,
-                )
-            )
-            return 0
-        print(format_table(["field", "value"], list(dataclasses.asdict(profile).items())))
-        if mine:
-            rows = [
-                [s.name, s.finished_trials, f"{s.best_samples_per_sec or 0:,.1f}"] for s in mine
-            ]
-            print("\n" + format_table(["study", "finished trials", "best samples/s"], rows))
-        else:
-            print(f"\nno study stored for {profile.name}")
+        _show(profiles[args.name], studies, args.format)
         return 0
     if args.format == "json":
         listed = [

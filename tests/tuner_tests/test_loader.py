@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tuner
 from tests.conftest import best_cli, study_cli
+from tests.tuner_tests import workloads
 from tuner._loader import AdaptiveLoader, MachineState, clamp_to_machine
 from tuner.machine import auto_profile_name, detect_fingerprint
 from tuner.search._settings import LoaderSettings
@@ -72,26 +74,81 @@ def test_loader_falls_back_to_the_rule_of_thumb(tmp_path: Path) -> None:
     assert loader.num_workers >= 1
 
 
-def test_loader_uses_the_stored_best(tmp_path: Path) -> None:
-    db = tmp_path / "t.db"
-    objective = "tests.tuner_tests.workloads:fast"
-    result = study_cli(
-        f"sqlite:///{db}",
-        objective,
-        "--n-trials",
-        "3",
-        "--remeasure-top",
-        "0",
-    )
+KNOBBED = "tests.tuner_tests.workloads:knobbed"
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads() -> Iterator[None]:
+    """tuner.loader sets the process's intra-op threads; give the next test its own back."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def knobbed_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A real study of a workload with a knob, its best away from the default; its stderr."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('knobbed') / 't.db'}"
+    flags = ("--n-trials", "4", "--remeasure-top", "0", "--fix", "collate=stacked")
+    result = study_cli(url, KNOBBED, *flags)
     assert result.returncode == 0, result.stderr
-    best = json.loads(best_cli(f"sqlite:///{db}", objective, "--format", "json").stdout)
-    loader = tuner.loader(
-        TensorDataset(torch.arange(64.0)), objective=objective, storage=f"sqlite:///{db}"
-    )
+    return url, result.stderr
+
+
+def test_loader_uses_the_stored_best(knobbed_study: tuple[str, str]) -> None:
+    url, stderr = knobbed_study
+    best = json.loads(best_cli(url, KNOBBED, "--format", "json").stdout)
+    assert best["knobs"] == {"collate": "stacked"}
+    other_threads = 1 if best["torch_num_threads"] > 1 else 2
+    torch.set_num_threads(other_threads)
+    with pytest.warns(UserWarning, match="knobs collate='stacked'.*pass workload="):
+        loader = tuner.loader(TensorDataset(torch.arange(64.0)), objective=KNOBBED, storage=url)
     assert isinstance(loader, DataLoader)
-    assert loader.batch_size == best["batch_size"]
-    assert loader.num_workers == best["num_workers"]
-    assert auto_profile_name(detect_fingerprint()) in result.stderr
+    assert loader.batch_size == best["dataloader"]["batch_size"]
+    assert loader.num_workers == best["dataloader"]["num_workers"]
+    assert torch.get_num_threads() == best["torch_num_threads"]
+    assert auto_profile_name(detect_fingerprint()) in stderr
+
+
+def test_loader_applies_the_knobs_through_the_workload(
+    knobbed_study: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, _ = knobbed_study
+    setting = tuner.best_setting(objective=KNOBBED, storage=url)
+    torch.set_num_threads(1 if setting.torch_num_threads > 1 else 2)
+    with caplog.at_level(logging.INFO, logger="tuner.loader"):
+        loader = tuner.loader(workload=workloads.knobbed(), objective=KNOBBED, storage=url)
+    assert isinstance(loader, DataLoader)
+    assert loader.collate_fn is workloads.stacking_collate
+    assert {key: getattr(loader, key) for key in setting.dataloader_kwargs} == (
+        setting.dataloader_kwargs
+    )
+    assert torch.get_num_threads() == setting.torch_num_threads
+    assert f"torch.set_num_threads({setting.torch_num_threads})" in caplog.text
+    images, labels = next(iter(loader))
+    assert len(images) == setting.batch and labels.dtype == torch.int64
+
+
+def test_set_threads_false_keeps_the_callers_threads(knobbed_study: tuple[str, str]) -> None:
+    url, _ = knobbed_study
+    setting = tuner.best_setting(objective=KNOBBED, storage=url)
+    mine = setting.torch_num_threads + 1
+    torch.set_num_threads(mine)
+    tuner.loader(workload=workloads.knobbed(), objective=KNOBBED, storage=url, set_threads=False)
+    assert torch.get_num_threads() == mine
+
+
+def test_loader_takes_a_dataset_or_a_workload(knobbed_study: tuple[str, str]) -> None:
+    url, _ = knobbed_study
+    with pytest.raises(TypeError, match="exactly one"):
+        tuner.loader(objective=KNOBBED, storage=url)
+    with pytest.raises(TypeError, match="exactly one"):
+        tuner.loader(
+            TensorDataset(torch.arange(8.0)),
+            workload=workloads.knobbed(),
+            objective=KNOBBED,
+            storage=url,
+        )
 
 
 def test_gpu_memory_counts_as_pressure() -> None:

@@ -4,17 +4,49 @@ whole each time, on a study of real measurements."""
 from __future__ import annotations
 
 import socket
+import statistics
+from pathlib import Path
 
 import optuna
 import optuna_dashboard
 import pytest
+import torch
 
-from tests.tuner_tests.test_report import add_measured_trial, build_measured_study
-from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
+from tests.tuner_tests.test_report import add_measured_trial, build_measured_study, starving
+from tuner._naming import (
+    BASELINE_PYTORCH_DEFAULT,
+    BASELINE_RULE_OF_THUMB,
+    CEILING_ATTR,
+    REMEASURED_ATTR,
+)
+from tuner.insight._best import optuna_best, study_best
 from tuner.insight._note import save_study_note, study_note
 from tuner.insight._summary import best_trial
 from tuner.search._settings import LoaderSettings
 from tuner.trial._artifacts import open_artifact_store
+from tuner.trial._measure import measure
+
+
+def remeasured_the_other_way(url: str) -> optuna.Study:
+    """A measured study whose re-measurement picked the second-highest window, not the first.
+
+    The two highest windows are re-measured for real (two rounds each, the tuner's measurement
+    loop); the pick is recorded as a re-measurement that ranked them the other way would
+    record it, which on a busy machine either order can be. Optuna keeps the highest window.
+    """
+    study = build_measured_study(url, name="remeasured@local-test")
+    top, second = sorted(study.trials, key=lambda t: t.value or 0.0, reverse=True)[:2]
+    medians = {}
+    for trial in (top, second):
+        settings = LoaderSettings.from_attrs(trial.user_attrs["settings"])
+        rounds = [
+            measure(starving(), settings, torch.device("cpu"), 0.3, 0.05).samples_per_sec
+            for _ in range(2)
+        ]
+        medians[str(trial.number)] = statistics.median(rounds)
+    study.set_user_attr(REMEASURED_ATTR, medians)
+    study.set_user_attr("best_trial_number", second.number)
+    return study
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +103,21 @@ def test_a_study_without_a_completed_trial_says_so(sqlite_url: str) -> None:
     note = study_note(study)
     assert "1 trials: 1 pruned" in note
     assert "No trial has completed yet" in note
+
+
+def test_the_note_says_why_optunas_best_is_another_trial(tmp_path: Path) -> None:
+    study = remeasured_the_other_way(f"sqlite:///{tmp_path}/tuner.db")
+    chosen, theirs = study_best(study), optuna_best(study)
+    assert chosen is not None and theirs is not None and chosen.trial_number != theirs.number
+    note = study_note(study)
+    assert f"## Best: trial {chosen.trial_number}" in note
+    assert f"**{chosen.samples_per_sec:,.1f} samples/s** (re-measured median)" in note
+    again = study.user_attrs[REMEASURED_ATTR][str(theirs.number)]
+    assert f"Optuna's own best trial is trial {theirs.number}, not {chosen.trial_number}." in note
+    assert f"{theirs.value:,.1f} samples/s in its window (re-measured at {again:,.1f}" in note
+    assert f"trial {chosen.trial_number} {chosen.window_samples_per_sec:,.1f}." in note
+
+
+def test_the_note_says_nothing_of_optuna_when_they_agree(measured: optuna.Study) -> None:
+    assert optuna_best(measured).number == best_trial(measured).number
+    assert "Optuna's own best trial" not in study_note(measured)

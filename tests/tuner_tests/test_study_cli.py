@@ -83,15 +83,18 @@ def test_best_formats(tuned: Path) -> None:
     storage = f"sqlite:///{tuned}"
     as_json = best_cli(storage, FAST, "--format", "json")
     assert as_json.returncode == 0, as_json.stderr
-    kwargs = json.loads(as_json.stdout)
-    assert "samples/s" in as_json.stderr
-    loader = DataLoader(TensorDataset(torch.arange(64.0)), **kwargs)
+    setting = json.loads(as_json.stdout)
+    assert setting["samples_per_sec"] > 0 and setting["study"] == f"{FAST}@{PROFILE}"
+    assert setting["torch_num_threads"] >= 1 and setting["knobs"] == {}
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), **setting["dataloader"])
     assert sum(len(batch[0]) for batch in loader) == 64
     as_python = best_cli(storage, FAST, "--format", "python")
     assert "loader = DataLoader(" in as_python.stdout
+    assert f"torch.set_num_threads({setting['torch_num_threads']})" in as_python.stdout
     compile(as_python.stdout, "snippet", "exec")
     table = best_cli(storage, FAST)
     assert "num_workers" in table.stdout and "finished trials" in table.stdout
+    assert f"trial {setting['trial']}," in table.stdout and "torch_num_threads" in table.stdout
 
 
 def test_best_params_api_matches_the_cli(tuned: Path) -> None:
@@ -99,7 +102,9 @@ def test_best_params_api_matches_the_cli(tuned: Path) -> None:
 
     kwargs = tuner.best_params("auto", objective=FAST, storage=f"sqlite:///{tuned}")
     cli = best_cli(f"sqlite:///{tuned}", FAST, "--format", "json")
-    assert kwargs == json.loads(cli.stdout)
+    assert kwargs == json.loads(cli.stdout)["dataloader"]
+    setting = tuner.best_setting("auto", objective=FAST, storage=f"sqlite:///{tuned}")
+    assert setting.to_json() == json.loads(cli.stdout)
 
 
 def _optuna(*args: str) -> subprocess.CompletedProcess[str]:

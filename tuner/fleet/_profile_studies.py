@@ -11,8 +11,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner._attrs import remeasured, stored_settings
-from tuner.insight._summary import best_trial, trial_throughput
+from tuner.insight._best import study_best
 from tuner.machine import Profile
 
 __all__ = ["StoredStudy", "stored_studies"]
@@ -26,6 +25,7 @@ class StoredStudy:
     finished_trials: int
     best_samples_per_sec: float | None
     best_settings: dict[str, Any] | None
+    best_trial_number: int | None = None
 
     @property
     def profile_name(self) -> str:
@@ -53,15 +53,16 @@ def stored_studies(storage: optuna.storages.BaseStorage) -> list[StoredStudy]:
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-        best = best_trial(study)
+        best = study_best(study)
         result.append(
             StoredStudy(
                 name=summary.study_name,
                 objective=attrs.get("objective", summary.study_name.rpartition("@")[0]),
                 profile=profile,
                 finished_trials=len(trials),
-                best_samples_per_sec=trial_throughput(best, remeasured(study)) if best else None,
-                best_settings=stored_settings(best) if best else None,
+                best_samples_per_sec=best.samples_per_sec if best else None,
+                best_settings=best.settings.to_attrs() if best else None,
+                best_trial_number=best.trial_number if best else None,
             )
         )
     return result

@@ -8,8 +8,14 @@ Pure readers of stored studies: nothing here runs a trial.
 
 from __future__ import annotations
 
-from tuner._attrs import remeasured
-from tuner.insight._best import BestSetting, NoResultError, best_params, find_best
+from tuner.insight._best import (
+    BestSetting,
+    NoResultError,
+    best_params,
+    best_setting,
+    optuna_best,
+    study_best,
+)
 from tuner.insight._diagnosis import Diagnosis, diagnose, diagnose_trial
 from tuner.insight._summary import best_trial, efficiency, print_summary
 
@@ -18,11 +24,13 @@ __all__ = [
     "Diagnosis",
     "NoResultError",
     "best_params",
+    "best_setting",
     "best_trial",
     "diagnose",
     "diagnose_trial",
     "efficiency",
-    "find_best",
+    "optuna_best",
     "print_summary",
     "remeasured",
+    "study_best",
 ]

@@ -1,21 +1,48 @@
-"""Asking a storage for a profile's best setting: one code path for the CLI and the Python API."""
+"""The best setting a storage holds for a profile: one typed answer that every reader shares.
+
+:func:`best_setting` (the Python API and ``python -m tuner.best`` in every format),
+``tuner.loader``, the dashboard note, the HTML report and ``tuner.profiles`` all name the best
+through :func:`study_best`: the re-measured winner (``best_trial``) with its re-measured median
+as the figure. A :class:`BestSetting` carries the whole setting, not only the DataLoader
+arguments: the main process's intra-op threads (on 2 busy cores, 2 threads instead of 1 cost a
+third of the throughput) and the workload's knobs.
+
+Optuna's own ``study.best_trial`` is the highest single window, which after re-measurement can
+be another trial: finished trials are immutable in Optuna, so the medians live in study attrs
+that Optuna does not rank by. :func:`optuna_best` names Optuna's pick so the note can say so.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
+import torch
 from optuna.trial import FrozenTrial, TrialState
 
+from objectives import Workload, load_workload
 from storage import default_storage_url, mask_url, open_storage, sqlite_file_missing
 from tuner import machine
 from tuner._attrs import remeasured, study_batch_param, trial_settings
 from tuner._naming import study_name
+from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._summary import best_trial, trial_throughput
 from tuner.search._settings import LoaderSettings
 
-__all__ = ["BestSetting", "NoResultError", "best_params", "find_best", "resolve_profile_name"]
+__all__ = [
+    "BestSetting",
+    "NoResultError",
+    "best_params",
+    "best_setting",
+    "optuna_best",
+    "resolve_profile_name",
+    "study_best",
+]
+
+_log = logging.getLogger("tuner.best")
 
 
 class NoResultError(LookupError):
@@ -24,15 +51,146 @@ class NoResultError(LookupError):
 
 @dataclasses.dataclass(frozen=True)
 class BestSetting:
+    """The best setting of one study and what it was measured at.
+
+    ``samples_per_sec`` is the re-measured median where the study re-measured the trial
+    (``remeasured``), else its own window; ``window_samples_per_sec`` is always the trial's own
+    window (Optuna's value). ``batch`` is the tuned value of ``batch_param`` (``batch_size``, or
+    a token budget such as ``max_tokens`` that the workload's batch sampler takes).
+    """
+
     study_name: str
-    trial: FrozenTrial
+    trial_number: int
     settings: LoaderSettings
     batch_param: str
     samples_per_sec: float
+    remeasured: bool
+    window_samples_per_sec: float
     finished_trials: int
+    objective: str | None = None
+    workload_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    trial: FrozenTrial | None = dataclasses.field(default=None, repr=False, compare=False)
 
+    @property
     def dataloader_kwargs(self) -> dict[str, Any]:
+        """``DataLoader(dataset, **kwargs)`` as tuned (a batch sampler aside, see ``batch``)."""
         return self.settings.dataloader_kwargs(self.batch_param)
+
+    @property
+    def torch_num_threads(self) -> int:
+        """The main process's intra-op threads the setting was measured with."""
+        return self.settings.torch_num_threads
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The workload's own knobs (``Workload.configure`` applies them)."""
+        return dict(self.settings.knobs)
+
+    @property
+    def batch(self) -> int:
+        return self.settings.batch
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.settings.accumulation_steps
+
+    @property
+    def effective_batch(self) -> int:
+        """``batch`` times ``accumulation_steps``: what one optimizer step sees."""
+        return self.settings.batch * self.settings.accumulation_steps
+
+    def apply(self, log: logging.Logger | None = None) -> int:
+        """Set the main process's intra-op threads as tuned (logged); returns the previous count.
+
+        The main process runs the training step while the workers decode and augment on the
+        same cores: more intra-op threads than tuned make them compete.
+        """
+        log = log or _log
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.torch_num_threads)
+        level = logging.WARNING if before != self.torch_num_threads else logging.INFO
+        log.log(
+            level,
+            "torch.set_num_threads(%d) (was %d): the main process's intra-op threads as tuned "
+            "in %s trial %d",
+            self.torch_num_threads,
+            before,
+            self.study_name,
+            self.trial_number,
+        )
+        return before
+
+    def workload(self) -> Workload:
+        """The study's workload, loaded from its objective and options, with the tuned knobs."""
+        if self.objective is None:
+            raise ValueError(f"study {self.study_name} does not record its objective")
+        return load_workload(self.objective, self.workload_options).with_knobs(self.knobs)
+
+    def summary(self) -> str:
+        how = "re-measured median" if self.remeasured else "its own window"
+        return (
+            f"{self.study_name}: trial {self.trial_number}, {self.samples_per_sec:,.1f} "
+            f"samples/s ({how}), best of {self.finished_trials} finished trials"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented ``--format json`` shape: the whole setting, then the figures."""
+        return {
+            "dataloader": self.dataloader_kwargs,
+            "torch_num_threads": self.torch_num_threads,
+            "knobs": self.knobs,
+            "batch_param": self.batch_param,
+            "batch": self.batch,
+            "accumulation_steps": self.accumulation_steps,
+            "objective": self.objective,
+            "workload_options": dict(self.workload_options),
+            "study": self.study_name,
+            "trial": self.trial_number,
+            "samples_per_sec": self.samples_per_sec,
+            "remeasured": self.remeasured,
+            "window_samples_per_sec": self.window_samples_per_sec,
+            "finished_trials": self.finished_trials,
+        }
+
+    def snippet(self) -> str:
+        """The ``--format python`` code: threads, knobs and DataLoader, as the study measured."""
+        return dataloader_snippet(
+            self.settings, self.batch_param, self.objective, self.workload_options
+        )
+
+
+def study_best(study: optuna.Study) -> BestSetting | None:
+    """The study's best as every reader names it; None without a completed trial."""
+    best = best_trial(study)
+    if best is None:
+        return None
+    medians = remeasured(study)
+    finished = sum(
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        for t in study.get_trials(deepcopy=False)
+    )
+    attrs = study.user_attrs
+    return BestSetting(
+        study_name=study.study_name,
+        trial_number=best.number,
+        settings=trial_settings(best),
+        batch_param=study_batch_param(study),
+        samples_per_sec=trial_throughput(best, medians),
+        remeasured=best.number in medians,
+        window_samples_per_sec=float(best.value or 0.0),
+        finished_trials=finished,
+        objective=attrs.get("objective"),
+        workload_options=dict(attrs.get("workload_options") or {}),
+        trial=best,
+    )
+
+
+def optuna_best(study: optuna.Study) -> FrozenTrial | None:
+    """Optuna's own best trial (its highest single window), as ``optuna best-trial`` names it."""
+    try:
+        return study.best_trial
+    except ValueError:
+        return None
 
 
 def resolve_profile_name(hardware: str, profiles_file: str | None = None) -> str:
@@ -42,20 +200,20 @@ def resolve_profile_name(hardware: str, profiles_file: str | None = None) -> str
     return machine.resolve_profile(hardware, catalog, fingerprint).name
 
 
-def find_best(
-    hardware: str,
+def best_setting(
+    hardware: str = "auto",
     objective: str = "image",
     storage: str | None = None,
+    *,
     profiles_file: str | None = None,
     study: str | None = None,
 ) -> BestSetting:
-    """The best finished trial of ``<objective>@<hardware>``; NoResultError if there is none."""
+    """The best setting of ``<objective>@<hardware>``; NoResultError if there is none."""
     url = storage or default_storage_url()
     name = study or study_name(objective, resolve_profile_name(hardware, profiles_file))
     create = f"python -m tuner.study --hardware {hardware} --objective {objective}"
     if sqlite_file_missing(url):
         raise NoResultError(f"no study {name} in {mask_url(url)}; create it with: {create}")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     opened = open_storage(url, heartbeat_interval=None)
     try:
         loaded = optuna.load_study(study_name=name, storage=opened)
@@ -63,29 +221,19 @@ def find_best(
         raise NoResultError(
             f"no study {name} in {mask_url(url)}; create it with: {create}"
         ) from None
-    best = best_trial(loaded)
+    best = study_best(loaded)
     if best is None:
         raise NoResultError(f"study {name} has no finished trial yet; run: {create}")
-    finished = sum(
-        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        for t in loaded.get_trials(deepcopy=False)
-    )
-    return BestSetting(
-        study_name=name,
-        trial=best,
-        settings=trial_settings(best),
-        batch_param=study_batch_param(loaded),
-        samples_per_sec=trial_throughput(best, remeasured(loaded)),
-        finished_trials=finished,
-    )
+    return best
 
 
 def best_params(
-    hardware: str, objective: str = "image", storage: str | None = None
+    hardware: str = "auto", objective: str = "image", storage: str | None = None
 ) -> dict[str, Any]:
     """The best DataLoader keyword arguments for ``objective`` on ``hardware``.
 
-    Usable as ``DataLoader(dataset, **best_params("g4dn.xlarge"))``. Raises NoResultError when the
-    study does not exist or has no finished trial.
+    Usable as ``DataLoader(dataset, **best_params("g4dn.xlarge"))``; the rest of the setting
+    (threads, knobs) is :func:`best_setting`'s. Raises NoResultError when the study does not
+    exist or has no finished trial.
     """
-    return find_best(hardware, objective, storage).dataloader_kwargs()
+    return best_setting(hardware, objective, storage).dataloader_kwargs

@@ -3,7 +3,9 @@
 Rewritten whole at the end of each worker's run (``save_study_note``), so it always describes
 the study as the database holds it, whichever worker wrote last: the best setting, its
 throughput, its efficiency against the ceiling, the speedup over both baselines, its diagnosis,
-the machines that contributed, and a ready ``DataLoader(...)`` snippet.
+the machines that contributed, and the whole setting as ready code. Where Optuna's own best
+trial (its highest single window, which a plain optuna-dashboard shows) is another trial than
+the re-measured winner, the note says so under the headline, with both trials' figures.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from storage import with_retry
-from tuner._attrs import remeasured, study_batch_param, trial_settings
+from tuner._attrs import remeasured
 from tuner._naming import CEILING_ATTR
+from tuner.insight._best import BestSetting, optuna_best, study_best
 from tuner.insight._diagnosis import diagnose_trial
-from tuner.insight._snippet import dataloader_snippet, extra_settings
-from tuner.insight._summary import best_trial, efficiency, speedups, trial_throughput
+from tuner.insight._snippet import extra_settings
+from tuner.insight._summary import efficiency, speedups
 
 __all__ = ["save_study_note", "study_note"]
 
@@ -59,35 +62,48 @@ def _machines(trials: list[FrozenTrial]) -> list[str]:
     return _table(["host", "profile", "CPUs", "RAM", "GPUs", "trials"], rows)
 
 
-def study_note(study: optuna.Study) -> str:
-    """The study's Markdown note, from what the database holds now."""
-    trials = study.get_trials(deepcopy=False)
-    counts = collections.Counter(trial.state.name.lower() for trial in trials)
-    lines = [f"# {study.study_name}", ""]
-    lines.append(
-        f"{len(trials)} trials: " + ", ".join(f"{n} {state}" for state, n in counts.items())
-        if trials
-        else "No trial yet."
-    )
-    lines.append("")
-    best = best_trial(study)
-    if best is None:
-        lines += ["No trial has completed yet; see the trials' `pruned_reason` and `error`."]
-        return "\n".join(lines) + "\n"
-
+def _optuna_differs(study: optuna.Study, chosen: BestSetting) -> list[str]:
+    """Why Optuna's own best trial is another one, when it is; nothing when they agree."""
+    theirs = optuna_best(study)
+    if theirs is None or theirs.number == chosen.trial_number:
+        return []
     medians = remeasured(study)
-    throughput = trial_throughput(best, medians)
-    how = "re-measured median" if best.number in medians else "one window"
+    again = medians.get(theirs.number)
+    if again is not None:
+        their_rounds = f"re-measured at {again:,.1f} samples/s"
+    else:
+        their_rounds = "not re-measured"
+    return [
+        f"> **Optuna's own best trial is trial {theirs.number}, not {chosen.trial_number}.** "
+        f"Optuna ranks trials by their single measurement window: trial {theirs.number} ran "
+        f"{theirs.value or 0.0:,.1f} samples/s in its window ({their_rounds}), trial "
+        f"{chosen.trial_number} {chosen.window_samples_per_sec:,.1f}. The tuner re-measures the "
+        "top settings side by side in fresh rounds and picks the winner of those, because the "
+        "window a trial was picked for is biased upwards. Finished trials are immutable in "
+        "Optuna, so `study.best_trial`, `optuna best-trial` and a plain `optuna-dashboard` keep "
+        f"naming trial {theirs.number}; `python -m tuner.dashboard`, `tuner.best`, "
+        f"`tuner.loader`, `tuner.profiles` and the report name trial {chosen.trial_number}.",
+        "",
+    ]
+
+
+def _best_section(study: optuna.Study, chosen: BestSetting) -> list[str]:
+    """The best: its figure, why Optuna's differs, speedups, diagnosis, the setting as code."""
+    lines: list[str] = []
+    best = chosen.trial
+    assert best is not None
+    how = "re-measured median" if chosen.remeasured else "one window"
     ceiling = study.user_attrs.get(CEILING_ATTR)
-    share = efficiency(throughput, ceiling)
-    lines += [f"## Best: trial {best.number}", ""]
-    headline = f"**{throughput:,.1f} samples/s** ({how})"
+    share = efficiency(chosen.samples_per_sec, ceiling)
+    lines += [f"## Best: trial {chosen.trial_number}", ""]
+    headline = f"**{chosen.samples_per_sec:,.1f} samples/s** ({how})"
     if share is not None:
         headline += (
             f", **{share:.0%} of the ceiling** ({float(ceiling):,.1f} samples/s: the step alone, "
             "with data already on the device)"
         )
     lines += [headline, ""]
+    lines += _optuna_differs(study, chosen)
     ratios = speedups(study, best)
     if ratios:
         lines.append(
@@ -101,14 +117,41 @@ def study_note(study: optuna.Study) -> str:
         advice = diagnosis.advice[:1].upper() + diagnosis.advice[1:]
         lines += [f"**Diagnosis: {diagnosis.bottleneck}.** {advice}.", ""]
 
-    batch_param = study_batch_param(study)
-    settings = trial_settings(best)
     parameters = {
-        **settings.dataloader_kwargs(batch_param),
-        **extra_settings(settings, batch_param),
+        **chosen.dataloader_kwargs,
+        **extra_settings(chosen.settings, chosen.batch_param),
     }
     lines += _table(["parameter", "value"], [[key, value] for key, value in parameters.items()])
-    lines += ["", "```python", dataloader_snippet(settings, batch_param), "```", ""]
+    lines += [
+        "",
+        "Apply all of it: the DataLoader arguments, `torch.set_num_threads` in the training "
+        "process (its intra-op threads compete with the workers for the cores) and the "
+        "workload's knobs. `tuner.loader(...)` does; so does this code:",
+        "",
+        "```python",
+        chosen.snippet(),
+        "```",
+        "",
+    ]
+    return lines
+
+
+def study_note(study: optuna.Study) -> str:
+    """The study's Markdown note, from what the database holds now."""
+    trials = study.get_trials(deepcopy=False)
+    counts = collections.Counter(trial.state.name.lower() for trial in trials)
+    lines = [f"# {study.study_name}", ""]
+    lines.append(
+        f"{len(trials)} trials: " + ", ".join(f"{n} {state}" for state, n in counts.items())
+        if trials
+        else "No trial yet."
+    )
+    lines.append("")
+    chosen = study_best(study)
+    if chosen is None or chosen.trial is None:
+        lines += ["No trial has completed yet; see the trials' `pruned_reason` and `error`."]
+        return "\n".join(lines) + "\n"
+    lines += _best_section(study, chosen)
     lines += ["## Machines", ""]
     finished = [t for t in trials if t.state != TrialState.RUNNING]
     lines += _machines(finished)

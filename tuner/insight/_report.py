@@ -24,8 +24,9 @@ from plotly.subplots import make_subplots
 
 from tuner._attrs import has_settings, remeasured, study_batch_param, trial_settings
 from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
+from tuner.insight._best import study_best
 from tuner.insight._diagnosis import diagnose_trial
-from tuner.insight._summary import best_trial, efficiency, trial_throughput
+from tuner.insight._summary import efficiency, trial_throughput
 from tuner.search._settings import LoaderSettings
 from tuner.trial._artifacts import read_trial_text
 from tuner.trial._telemetry import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
@@ -282,9 +283,10 @@ def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = No
     """The whole report as one HTML document; the caller has checked a trial completed."""
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE and has_settings(t)]
-    best = best_trial(study)
-    if best is None or not complete:
+    chosen = study_best(study)
+    if chosen is None or chosen.trial is None or not complete:
         raise ValueError(f"study {study.study_name} has no completed trial")
+    best = chosen.trial
     batch_param = study_batch_param(study)
     ceiling = study.user_attrs.get(CEILING_ATTR)
     ceiling = float(ceiling) if ceiling else None
@@ -305,11 +307,10 @@ def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = No
 
     counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
     summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
-    medians = remeasured(study)
-    headline = f"best: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s"
+    headline = f"best: trial {chosen.trial_number}, {chosen.samples_per_sec:,.1f} samples/s"
     if ceiling:
         headline += (
-            f", {efficiency(trial_throughput(best, medians), ceiling):.0%} of the ceiling "
+            f", {efficiency(chosen.samples_per_sec, ceiling):.0%} of the ceiling "
             f"({ceiling:,.1f} samples/s)"
         )
     parts = [

@@ -146,5 +146,6 @@ def print_summary(
     if diagnosis is not None:
         print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)
     settings = trial_settings(best)
-    print("\n" + dataloader_snippet(settings, batch_param), file=out)
+    objective, options = study.user_attrs.get("objective"), study.user_attrs.get("workload_options")
+    print("\n" + dataloader_snippet(settings, batch_param, objective, options), file=out)
     return best

@@ -239,7 +239,7 @@ def _stop_near_ceiling(study: optuna.Study, runner: TrialRunner, config: StudyCo
 
 def _postfix(study: optuna.Study, number: int, state: str, reason: str | None) -> str:
     try:
-        best = f"best {study.best_value:,.0f} samples/s"
+        best = f"top window {study.best_value:,.0f} samples/s"
     except ValueError:
         best = "no result yet"
     last = f"#{number} {state}" + (f" ({reason})" if reason else "")
