@@ -33,6 +33,14 @@ class Vectors(Dataset):
         return sample, index % 10
 
 
+class Slow(Vectors):
+    """5 ms a sample: a batch takes a visible while, so a test can catch each phase of a study."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(0.005)
+        return super().__getitem__(index)
+
+
 class Leaky(Vectors):
     """Each worker keeps 32 MiB more for every batch it loads: a leak like a growing cache."""
 
@@ -77,6 +85,16 @@ def fast() -> Workload:
     return Workload(
         name="fast",
         dataset=Vectors(),
+        step=_sum_step,
+        default_batch_size=32,
+        batch_size_range=(8, 64),
+    )
+
+
+def slow() -> Workload:
+    return Workload(
+        name="slow",
+        dataset=Slow(),
         step=_sum_step,
         default_batch_size=32,
         batch_size_range=(8, 64),

@@ -4,18 +4,17 @@ Contract with the supervisor (:mod:`tuner.trial._supervisor`):
 
 * the child puts itself in a new process group first, so the supervisor can kill it together
   with its DataLoader workers (which inherit the group) in one ``killpg``;
-* it asks the kernel to kill it when its parent, the forkserver (which exits with the study
-  process), dies (``PR_SET_PDEATHSIG``), so a killed study leaves no orphans;
+* it watches the study process and kills its own process group, DataLoader workers included,
+  the moment the study is gone (:func:`tuner.trial._lifeline.kill_group_when_gone`), so a
+  killed study leaves no orphans;
 * it sends plain dicts over a pipe: ``progress`` while measuring, then exactly one ``result``
   or ``error``; it never writes to the study's database.
 """
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
-import signal
 import sys
 from multiprocessing.connection import Connection
 from typing import Any
@@ -26,25 +25,11 @@ from objectives import Workload, load_workload
 from tuner._naming import CEILING_ATTR
 from tuner.search._settings import LoaderSettings
 from tuner.trial._ceiling import measure_ceiling
+from tuner.trial._lifeline import kill_group_when_gone
 from tuner.trial._measure import measure, synchronize
 from tuner.trial._outcome import classify_error, one_line
 
 __all__ = ["run_child"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(supervisor_pid: int) -> None:
-    """Die with the forkserver, which itself exits when the study process does."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # Not Linux/glibc: the supervisor's process-group kill still applies.
-    try:
-        os.kill(supervisor_pid, 0)
-    except ProcessLookupError:
-        os._exit(1)
 
 
 def _workload(job: dict[str, Any], settings: LoaderSettings) -> Workload:
@@ -124,7 +109,7 @@ _MODES = {"measure": _measure, "probe": _probe, "ceiling": _ceiling}
 def run_child(conn: Connection, job: dict[str, Any], supervisor_pid: int) -> None:
     """Entry point of the trial child process (the target of a forkserver ``Process``)."""
     os.setpgid(0, 0)
-    _die_with_parent(supervisor_pid)
+    kill_group_when_gone(supervisor_pid)
     # A forkserver Process makes "forkserver" its own default start method; DataLoader workers
     # must start the way they would in the user's process: the platform's default.
     multiprocessing.set_start_method(None, force=True)

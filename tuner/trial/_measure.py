@@ -11,6 +11,8 @@ samples/sec counts each batch at its epoch's mean size (:func:`epoch_mean_batch`
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from objectives import Workload, move_to_device
 from tuner.search._settings import LoaderSettings
+from tuner.trial._lifeline import die_with_parent
 from tuner.trial._telemetry import StepTimeline
 
 __all__ = ["Measurement", "count_samples", "epoch_mean_batch", "measure", "synchronize"]
@@ -118,6 +121,12 @@ class _EpochLoop:
             shutdown()
 
 
+def _die_with_trial_child(child_pid: int, worker_id: int) -> None:
+    """A DataLoader worker's init: SIGKILL when the trial child goes (PyTorch's watchdog polls
+    only every 5 s)."""
+    die_with_parent(child_pid)
+
+
 def measure(
     workload: Workload,
     settings: LoaderSettings,
@@ -136,7 +145,11 @@ def measure(
 
     samples_per_batch = epoch_mean_batch(workload, settings, seed)
     built = time.perf_counter()
-    loader = DataLoader(workload.dataset, **settings.build_dataloader_kwargs(workload, seed))
+    loader = DataLoader(
+        workload.dataset,
+        **settings.build_dataloader_kwargs(workload, seed),
+        worker_init_fn=functools.partial(_die_with_trial_child, os.getpid()),
+    )
     step = workload.train_step(device)
     stream = _EpochLoop(loader)
     micro_batches = 0
