@@ -35,16 +35,20 @@ import optuna
 import torch
 from tqdm import tqdm
 
-import tuner.run._study as study_module
-from tuner.machine._gpu import open_gpu_reader
 from tuner.machine._hardware import cpu_model_name
-from tuner.run._runner import TrialRunner
-from tuner.run._study import PreparedStudy, StudyConfig, StudyResult, prepare, run_study
+from tuner.run import (
+    PreparedStudy,
+    StudyConfig,
+    StudyResult,
+    TrialRunner,
+    make_runner,
+    prepare,
+    run_study,
+    trial_tools,
+)
 from tuner.search._baselines import baseline_settings
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import MAX_PREFETCH_FACTOR, SearchSpace
-from tuner.trial._guard import MemoryGuard
-from tuner.trial._supervisor import Supervisor
 
 __all__ = [
     "DEFAULT_STRATEGY",
@@ -205,12 +209,12 @@ class Harness:
     """The independent yardstick: one setting measured as a trial measures it, in a child."""
 
     def __init__(self, prepared: PreparedStudy) -> None:
-        # The guard and runner as run_study builds them (GPU reader only where CUDA is used).
-        reader = open_gpu_reader(_log) if prepared.space.cuda else None
-        gpu = reader if reader is not None and reader.available else None
-        guard = MemoryGuard(prepared.limits, gpu=gpu, gpu_index=0 if gpu is not None else None)
+        # The guard and runner as run_study builds them, through the same factory; the GPU
+        # reader stays open for the harness's life (closed with the process).
+        self._tools = contextlib.ExitStack()
+        tools = self._tools.enter_context(trial_tools(prepared))
         self.prepared = prepared
-        self.runner: TrialRunner = study_module._runner(prepared, Supervisor(guard), gpu)
+        self.runner: TrialRunner = make_runner(prepared, tools)
 
     @property
     def window_s(self) -> float:

@@ -19,7 +19,7 @@ persistent workers only where the grid has them), smaller than the tuner's; no e
 near the ceiling; noise independent between measurements, where the machine's
 drifts in levels.
 
-``--strategies`` takes what ``--sampler`` takes (``tuner.run._study.SAMPLERS``).
+``--strategies`` takes what ``--sampler`` takes (``tuner.run.SAMPLERS``).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import optuna
 from tqdm import tqdm
 
 from bench._harness import describe, markdown_table, settings_key
+from tuner.run import SAMPLERS, StudyConfig, make_pruner, make_sampler
 from tuner.run._remeasure import final_candidates, pick_best
-from tuner.run._study import SAMPLERS, StudyConfig, make_pruner, make_sampler
 from tuner.search._pruner import BelowBestPruner
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import optuna_params

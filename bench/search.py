@@ -62,7 +62,7 @@ from bench._harness import (
     write_json,
 )
 from tuner.insight._summary import best_trial
-from tuner.run._study import SAMPLERS
+from tuner.run import SAMPLERS
 from tuner.search._settings import LoaderSettings
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+import optuna
+
 from objectives import WorkloadError
 from storage import StorageError, default_storage_url, mask_password
 from tuner.machine._hardware import ProfileError
@@ -63,9 +65,11 @@ def run_cli(
 ) -> NoReturn:
     """Run ``main`` and turn the known errors into one line on stderr and an exit code."""
     from tuner.insight._best import NoResultError
-    from tuner.run._study import ConfigError
+    from tuner.run._config import ConfigError
 
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    # A CLI's own choice: Optuna's per-trial INFO lines would drown the progress bar.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         code = main(argv)
     except NoResultError as error:

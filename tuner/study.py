@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 
 from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
-from tuner.run._study import SAMPLERS, StudyConfig, run_study
+from tuner.run import SAMPLERS, StudyConfig, run_study
 
 __all__ = ["main", "parser"]
 

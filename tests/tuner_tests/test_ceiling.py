@@ -21,8 +21,8 @@ from tests.conftest import run_cli
 from tests.tuner_tests.workloads import fast
 from tuner._naming import CEILING_ATTR, REMEASURED_ATTR
 from tuner.insight._summary import efficiency
+from tuner.run import N_STARTUP_TRIALS
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling
-from tuner.run._study import N_STARTUP_TRIALS
 from tuner.search._settings import LoaderSettings
 from tuner.trial._ceiling import measure_ceiling
 from tuner.trial._measure import measure

@@ -25,6 +25,7 @@ from tuner.machine._memory import process_tree, shm_usage
 from tuner.search._settings import LoaderSettings
 from tuner.trial._guard import GuardLimits, MemoryGuard, default_limits
 from tuner.trial._outcome import TrialOutcome
+from tuner.trial._protocol import Job, Mode
 from tuner.trial._supervisor import Supervisor
 
 MiB = 2**20
@@ -34,19 +35,18 @@ WORKLOADS = "tests.tuner_tests.workloads"
 
 def make_job(
     workload: str, settings: LoaderSettings, window_s: float = 0.5, warmup_s: float = 0.2
-) -> dict[str, Any]:
-    """The job dict exactly as ``TrialRunner.job`` builds it."""
-    return {
-        "mode": "measure",
-        "objective": f"{WORKLOADS}:{workload}",
-        "options": {},
-        "settings": settings.to_attrs(),
-        "device": "cpu",
-        "window_s": window_s,
-        "warmup_s": warmup_s,
-        "seed": 0,
-        "sys_path": list(sys.path),
-    }
+) -> Job:
+    """A measurement job of one of the test workloads, as ``TrialRunner.job`` builds it."""
+    return Job(
+        mode=Mode.MEASURE,
+        objective=f"{WORKLOADS}:{workload}",
+        options={},
+        settings=settings,
+        device="cpu",
+        window_s=window_s,
+        warmup_s=warmup_s,
+        sys_path=tuple(sys.path),
+    )
 
 
 def trial_children() -> list[psutil.Process]:
@@ -112,7 +112,7 @@ class TreeWatcher:
 
 
 def run_watched(
-    supervisor: Supervisor, job: dict[str, Any], deadline_s: float = 60.0, **kwargs: Any
+    supervisor: Supervisor, job: Job, deadline_s: float = 60.0, **kwargs: Any
 ) -> tuple[TrialOutcome, TreeWatcher, float]:
     """Run one trial; return its outcome, what the watcher saw and the wall time."""
     started = time.monotonic()

@@ -1,19 +1,35 @@
-"""The ceiling as the study uses it: the point where searching further is pointless.
+"""The ceiling as the study uses it: measured once per study, and the point where searching
+further is pointless.
 
 The ceiling itself (the step alone on a batch already on the device) is measured in a trial
-child by :func:`tuner.trial.measure_ceiling`; this module decides, from the study's stored
-trials, when its best is near enough to stop (:func:`ceiling_stop_message`).
+child by :func:`tuner.trial._ceiling.measure_ceiling`; :func:`study_ceiling` runs that child once
+per study, and :func:`ceiling_stop_message` decides, from the study's stored trials, when its
+best is near enough to stop.
 """
 
 from __future__ import annotations
+
+import logging
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner._naming import CEILING_ATTR
 from tuner.insight._summary import best_trial, efficiency, remeasured, trial_throughput
+from tuner.run._config import PreparedStudy, trial_deadline
+from tuner.run._once import once_per_study
+from tuner.run._tools import make_job
+from tuner.search._space import SearchSpace
+from tuner.trial._protocol import Mode
+from tuner.trial._supervisor import Supervisor
 
-__all__ = ["CEILING_STOP_FRACTION", "ceiling_stop_message", "near_ceiling"]
+__all__ = ["CEILING_STOP_FRACTION", "ceiling_stop_message", "near_ceiling", "study_ceiling"]
+
+_log = logging.getLogger("tuner")
+
+CEILING_WINDOW_S = 0.3
+"""Short windows over every batch size: the ceiling is their maximum, so a reading disturbed
+downwards rarely decides it, and a window this long holds several steps."""
 
 
 CEILING_STOP_FRACTION = 0.98
@@ -62,3 +78,29 @@ def ceiling_stop_message(
         f"{throughput / ceiling:.1%} of the ceiling ({ceiling:,.1f} samples/s with data already "
         "on the device); no DataLoader setting can be meaningfully faster"
     )
+
+
+def study_ceiling(
+    prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor, space: SearchSpace
+) -> float | None:
+    """The study's ``ceiling_samples_per_sec``: the step alone on prepared data, measured once,
+    over every batch value of ``space`` and at one and all intra-op threads."""
+
+    def measure() -> float | None:
+        config = prepared.config
+        batches = space.batch_choices()
+        job = make_job(prepared, space.main_process_settings(batches[-1])).replace(
+            mode=Mode.CEILING,
+            batches=tuple(batches),
+            threads=tuple(sorted({1, space.max_threads})),
+            window_s=min(config.trial_seconds, CEILING_WINDOW_S),
+            warmup_s=min(config.warmup_seconds, CEILING_WINDOW_S / 2),
+        )
+        outcome = supervisor.run(job, trial_deadline(config) * 2)
+        if outcome.state != "complete":
+            _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
+            return None
+        return float(outcome.attrs[CEILING_ATTR])
+
+    value = once_per_study(study, prepared.config.storage, CEILING_ATTR, measure)
+    return None if value is None else float(value)

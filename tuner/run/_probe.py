@@ -9,34 +9,41 @@ that trials are spent below the wall, not on it.
 from __future__ import annotations
 
 import logging
-from typing import Any
+
+import optuna
 
 from tuner._naming import is_memory_reason
-from tuner.search._settings import LoaderSettings
+from tuner.run._config import ConfigError, PreparedStudy, trial_deadline
+from tuner.run._once import once_per_study
+from tuner.run._tools import make_job
+from tuner.trial._protocol import Fits, Job, Mode
 from tuner.trial._supervisor import Supervisor
 
-__all__ = ["probe_max_batch"]
+__all__ = ["MAX_BATCH_ATTR", "probe_max_batch", "study_max_batch"]
+
+MAX_BATCH_ATTR = "max_batch_size"
 
 _log = logging.getLogger("tuner.probe")
 
 
 def probe_max_batch(
     supervisor: Supervisor,
-    job: dict[str, Any],
-    settings: LoaderSettings,
+    job: Job,
     candidates: list[int],
     deadline_s: float,
 ) -> tuple[int | None, str | None]:
-    """Return (largest fitting batch, the reason the next size failed or None if all fit)."""
+    """Return (largest fitting batch, the reason the next size failed or None if all fit).
+
+    ``job`` gives the setting every batch value is tried with.
+    """
     fitted: list[int] = []
 
-    def on_message(message: dict[str, Any]) -> None:
-        if message.get("kind") == "fits":
-            fitted.append(int(message["batch"]))
+    def on_message(message: Fits) -> None:
+        fitted.append(message.batch)
 
     def run(batches: list[int]) -> str | None:
         outcome = supervisor.run(
-            {**job, "mode": "probe", "settings": settings.to_attrs(), "batches": batches},
+            job.replace(mode=Mode.PROBE, batches=tuple(batches)),
             deadline_s=deadline_s,
             on_message=on_message,
         )
@@ -58,3 +65,57 @@ def probe_max_batch(
         run([middle])
     _log.info("batch-size probe: %d fits, %d does not (%s)", fitted[-1], first_fail, reason)
     return fitted[-1], reason
+
+
+def study_max_batch(
+    prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor
+) -> int | None:
+    """The study's ``max_batch_size``: probed once, by whichever worker gets there first.
+
+    None when probing is off (``--no-probe-batch``, a fixed batch) and no worker stored one.
+    """
+    space = prepared.space
+    if MAX_BATCH_ATTR not in study.user_attrs and (
+        not prepared.config.probe_batch or space.batch_param in space.fixed
+    ):
+        return None
+    return once_per_study(
+        study, prepared.config.storage, MAX_BATCH_ATTR, lambda: _probe(prepared, supervisor)
+    )
+
+
+def _probe(prepared: PreparedStudy, supervisor: Supervisor) -> int:
+    space = prepared.space
+    candidates = space.batch_choices()
+    if space.batch_param == "batch_size":
+        candidates = [
+            b for b in candidates if b <= max(candidates[0], len(prepared.workload.dataset))
+        ]
+    # Memory, not speed, is probed: one intra-op thread, which no machine makes pathological.
+    job = make_job(prepared, space.main_process_settings(candidates[0], pin_memory=space.cuda))
+    deadline_s = trial_deadline(prepared.config) * 2
+
+    def probe(batches: list[int]) -> tuple[int | None, str | None]:
+        if not batches:
+            return None, None
+        return probe_max_batch(supervisor, job, batches, deadline_s=deadline_s)
+
+    # The largest first: on a roomy machine it fits, and one run settles the probe. Else double
+    # from the batch the user trains with, as Lightning's finder does; only if even that does
+    # not fit, look below it.
+    largest, reason = probe(candidates[-1:])
+    default = space.clamp_batch(prepared.workload.default_batch_size)
+    for batches in (
+        [b for b in candidates[:-1] if b >= default],
+        [b for b in candidates if b < default],
+    ):
+        if largest is not None:
+            break
+        largest, next_reason = probe(batches)
+        reason = next_reason or reason
+    if largest is None:
+        raise ConfigError(
+            f"even batch {candidates[0]} does not fit under the memory limits ({reason}); "
+            "raise --memory-limit/--gpu-memory-limit or use a smaller workload"
+        )
+    return largest

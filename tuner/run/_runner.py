@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 from typing import Any
 
 import optuna
@@ -25,6 +24,7 @@ from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
 from tuner.trial._artifacts import upload_trial_csv
 from tuner.trial._outcome import TrialOutcome
+from tuner.trial._protocol import Job
 from tuner.trial._supervisor import Supervisor
 from tuner.trial._telemetry import TelemetrySampler, collect_trial_telemetry
 
@@ -101,31 +101,21 @@ class TrialRunner:
 
     supervisor: Supervisor
     space: SearchSpace
-    objective: str
-    objective_options: dict[str, Any]
-    device: str
-    window_s: float
-    warmup_s: float
+    job_template: Job
+    """Every trial's job but its setting: objective, device, window, seed, paths."""
     deadline_s: float
-    seed: int
     machine_attrs: dict[str, Any]
     gpu: GpuReader | None = None
     gpu_index: int | None = None
     artifact_store: FileSystemArtifactStore | None = None
     ceiling: float | None = None
 
-    def job(self, settings: LoaderSettings) -> dict[str, Any]:
-        return {
-            "mode": "measure",
-            "objective": self.objective,
-            "options": self.objective_options,
-            "settings": settings.to_attrs(),
-            "device": self.device,
-            "window_s": self.window_s,
-            "warmup_s": self.warmup_s,
-            "seed": self.seed,
-            "sys_path": list(sys.path),
-        }
+    @property
+    def window_s(self) -> float:
+        return self.job_template.window_s
+
+    def job(self, settings: LoaderSettings) -> Job:
+        return self.job_template.replace(settings=settings)
 
     def measure(self, settings: LoaderSettings, on_progress: Any = None) -> TrialOutcome:
         """Run one measurement of ``settings`` in a supervised child, with its telemetry."""

@@ -216,6 +216,13 @@ class SearchSpace:
             num_workers, batch, prefetch_factor, persistent_workers, pin_memory, threads, knobs
         )
 
+    def main_process_settings(self, batch: int, pin_memory: bool = False) -> LoaderSettings:
+        """No workers, one intra-op thread, the default knobs: what the probe and the ceiling
+        measure with (memory and the step alone, not the loader's speed)."""
+        return self.settings(
+            0, batch, None, False, pin_memory, 1, self.workload.default_knobs
+        )
+
     def settings(
         self,
         num_workers: int,

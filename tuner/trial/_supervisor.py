@@ -34,6 +34,7 @@ from tuner.machine._memory import process_tree
 from tuner.trial._guard import Breach, MemoryGuard
 from tuner.trial._lifeline import start_forkserver
 from tuner.trial._outcome import TrialOutcome, classify_exit
+from tuner.trial._protocol import Failure, Fits, Job, Message, Progress, Result
 from tuner.trial._telemetry import TelemetrySampler
 
 __all__ = ["Supervisor", "kill_tree"]
@@ -45,13 +46,31 @@ _PR_SET_CHILD_SUBREAPER = 36
 ProgressHandler = Callable[[float, float], bool]
 """``handler(elapsed_s, samples_per_sec) -> stop``: reports to Optuna, True to prune."""
 
-MessageHandler = Callable[[dict[str, Any]], None]
+MessageHandler = Callable[[Fits], None]
 
 FORKSERVER_PRELOAD = ("tuner.trial._forkserver_preload", "tuner.trial._child", "torch._dynamo")
 """Imported once by the forkserver, so no trial pays for them: ``torch._dynamo`` is what the
 first ``torch.optim`` optimizer in a process imports, 2 to 2.5 s on a 2-core machine, which
 was most of a 3.5 s trial's overhead before it was preloaded. The first entry ties the
 forkserver to the study process before those seconds (:mod:`tuner.trial._lifeline`)."""
+
+
+def _start_quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker with its UserWarnings off, and only it.
+
+    A killed trial cannot unregister its DataLoader's semaphores; the tracker cleans them up,
+    and its "leaked semaphore" warning at exit would only alarm users. The tracker takes its
+    warning options from ``sys.warnoptions`` when it starts, so the option is there for that
+    moment only: the forkserver, the trial children and the caller keep their own warnings.
+    """
+    from multiprocessing import resource_tracker
+
+    option = "ignore::UserWarning"
+    sys.warnoptions.append(option)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(option)
 
 
 def _become_subreaper() -> None:
@@ -106,11 +125,8 @@ class Supervisor:
 
     def _ctx(self) -> multiprocessing.context.ForkServerContext:
         if self._context is None:
-            # The resource tracker, started with the forkserver, inherits these options. A killed
-            # trial cannot unregister its DataLoader's semaphores; the tracker cleans them up, and
-            # its "leaked semaphore" warning at exit would only alarm users.
-            sys.warnoptions.append("ignore::UserWarning")
             context = multiprocessing.get_context("forkserver")
+            _start_quiet_resource_tracker()
             assert isinstance(context, multiprocessing.context.ForkServerContext)
             context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
             start_forkserver()
@@ -119,7 +135,7 @@ class Supervisor:
 
     def run(
         self,
-        job: dict[str, Any],
+        job: Job,
         deadline_s: float,
         on_progress: ProgressHandler | None = None,
         on_message: MessageHandler | None = None,
@@ -133,7 +149,7 @@ class Supervisor:
 
         context = self._ctx()
         receiver, sender = context.Pipe(duplex=False)
-        job = {"cwd": os.getcwd(), **job}
+        job = job if job.cwd else job.replace(cwd=os.getcwd())
         process = context.Process(target=run_child, args=(sender, job, os.getpid()), daemon=False)
         process.start()
         sender.close()
@@ -190,34 +206,33 @@ class Supervisor:
 
     def _handle(
         self,
-        message: dict[str, Any],
+        message: Message,
         pid: int,
         known: dict[int, psutil.Process],
         on_progress: ProgressHandler | None,
         on_message: MessageHandler | None,
     ) -> TrialOutcome | None:
-        kind = message.get("kind")
-        if kind == "progress":
-            # A trial stopped early keeps what it had measured so far, for its diagnosis.
-            self._partial = {
-                "partial_samples_per_sec": message["samples_per_sec"],
-                "partial_window_s": message["elapsed_s"],
-                "data_wait_fraction": min(1.0, message.get("data_wait_fraction", 0.0)),
-            }
-            if on_progress is not None and on_progress(
-                message["elapsed_s"], message["samples_per_sec"]
-            ):
-                return self._stop(pid, known, reason="pruner")
-            return None
-        if kind == "result":
-            return TrialOutcome("complete", dict(message["attrs"]))
-        if kind == "error":
-            reason = message.get("reason")
-            if reason is not None:
-                return TrialOutcome("pruned", reason=reason, error=message["error"])
-            return TrialOutcome("failed", error=message["error"])
-        if on_message is not None:
-            on_message(message)
+        match message:
+            case Progress():
+                # A trial stopped early keeps what it had measured so far, for its diagnosis.
+                self._partial = {
+                    "partial_samples_per_sec": message.samples_per_sec,
+                    "partial_window_s": message.elapsed_s,
+                    "data_wait_fraction": min(1.0, message.data_wait_fraction),
+                }
+                if on_progress is not None and on_progress(
+                    message.elapsed_s, message.samples_per_sec
+                ):
+                    return self._stop(pid, known, reason="pruner")
+            case Result():
+                return TrialOutcome("complete", dict(message.attrs))
+            case Failure(reason=None):
+                return TrialOutcome("failed", error=message.error)
+            case Failure():
+                return TrialOutcome("pruned", reason=message.reason, error=message.error)
+            case Fits():
+                if on_message is not None:
+                    on_message(message)
         return None
 
     def _stop(

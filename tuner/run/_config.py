@@ -1,0 +1,192 @@
+"""What a run is asked to do, checked before anything is written.
+
+:class:`StudyConfig` is the CLI's flags as data; :func:`prepare` checks every one of them against
+this machine and the storage and returns a :class:`PreparedStudy`, or raises one-line errors
+(:class:`ConfigError`, and the usage errors of :mod:`tuner._cli`). Nothing here writes to the
+database: a refused run leaves no trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from typing import Any
+
+import torch
+from optuna.storages import BaseStorage
+
+from objectives import Workload, load_workload
+from storage import open_storage
+from tuner._naming import study_name
+from tuner.machine import _hardware
+from tuner.machine._gpu import open_gpu_reader
+from tuner.run._samplers import SAMPLERS
+from tuner.search._space import SearchSpace, SpaceError
+from tuner.trial._guard import GuardLimits, default_limits
+
+__all__ = ["ConfigError", "PreparedStudy", "StudyConfig", "gpu_index", "prepare", "trial_deadline"]
+
+_log = logging.getLogger("tuner")
+
+
+class ConfigError(ValueError):
+    """An argument that cannot be honoured; one line, exit code 2."""
+
+
+@dataclasses.dataclass
+class StudyConfig:
+    hardware: str
+    objective: str = "image"
+    objective_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    storage: str = "sqlite:///tuner.db"
+    study_name: str | None = None
+    n_trials: int | None = 20
+    total_trials: int | None = None
+    timeout: float | None = None
+    device: str = "auto"
+    seed: int | None = None
+    trial_seconds: float = 3.0
+    warmup_seconds: float = 1.0
+    trial_timeout: float | None = None
+    fix: list[str] = dataclasses.field(default_factory=list)
+    effective_batch: int | None = None
+    sampler: str = "gp"
+    memory_limit: str | None = None
+    shm_limit: str | None = None
+    gpu_memory_limit: str | None = None
+    probe_batch: bool = True
+    remeasure_top: int = 3
+    remeasure_rounds: int = 2
+    multiprocessing_context: str | None = None
+    heartbeat_interval: int = 10
+    grace_period: int | None = None
+    profiles_file: str | None = None
+    artifact_dir: str | None = None
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedStudy:
+    """A validated run: nothing has been written yet."""
+
+    config: StudyConfig
+    profile: _hardware.Profile
+    fingerprint: _hardware.Fingerprint
+    workload: Workload
+    space: SearchSpace
+    device: str
+    limits: GuardLimits
+    storage: BaseStorage
+    study_name: str
+
+
+def trial_deadline(config: StudyConfig) -> float:
+    """How long a trial child may take before it is killed as hung."""
+    if config.trial_timeout is not None:
+        return config.trial_timeout
+    return 60.0 + 3 * (config.warmup_seconds + config.trial_seconds)
+
+
+def gpu_index(device: str) -> int:
+    """The device's index for NVML: ``cuda:N`` is N (NVML counts as CUDA does by default)."""
+    _, _, index = device.partition(":")
+    return int(index) if index.isdigit() else 0
+
+
+def _resolve_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {requested}: CUDA is not available on this machine")
+        return requested
+    if requested == "cpu":
+        return requested
+    raise ConfigError(f"--device must be auto, cpu or cuda[:N], got {requested!r}")
+
+
+def _check_numbers(config: StudyConfig) -> None:
+    for name in ("n_trials", "total_trials", "effective_batch", "trial_timeout", "timeout"):
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if config.trial_seconds <= 0 or config.warmup_seconds < 0:
+        raise ConfigError("--trial-seconds must be positive and --warmup-seconds not negative")
+    if config.sampler not in SAMPLERS:
+        raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {config.sampler!r}")
+
+
+def _resolve_profile(config: StudyConfig, fingerprint: _hardware.Fingerprint) -> _hardware.Profile:
+    """The profile ``--hardware`` names; a named one must match this machine."""
+    catalog = _hardware.load_catalog(config.profiles_file)
+    profile = _hardware.resolve_profile(config.hardware, catalog, fingerprint)
+    differences = _hardware.profile_mismatches(profile, fingerprint)
+    if differences and config.hardware != _hardware.AUTO_PROFILE:
+        raise ConfigError(
+            f"this machine does not match profile {profile.name}: {'; '.join(differences)}"
+            " (use --hardware auto to tune this machine as it is)"
+        )
+    return profile
+
+
+def _build_space(
+    config: StudyConfig,
+    workload: Workload,
+    fingerprint: _hardware.Fingerprint,
+    profile: _hardware.Profile,
+    device: str,
+) -> SearchSpace:
+    max_workers = max(0, min(2 * fingerprint.logical_cpus, 2 * profile.vcpus))
+    space = SearchSpace(
+        workload=workload,
+        max_workers=max_workers,
+        max_threads=max(1, fingerprint.usable_cpus),
+        cuda=device.startswith("cuda"),
+        effective_batch=config.effective_batch,
+        multiprocessing_context=config.multiprocessing_context,
+    )
+    if config.effective_batch is not None:
+        low, high = workload.batch_size_range
+        if not [
+            b for b in space.batch_choices() if low <= b <= high and config.effective_batch % b == 0
+        ]:
+            raise SpaceError(
+                f"--effective-batch {config.effective_batch}: "
+                f"no power of two in {low}..{high} divides it"
+            )
+    return dataclasses.replace(space, fixed=space.parse_fixed(config.fix))
+
+
+def _limits(config: StudyConfig, device: str) -> GuardLimits:
+    gpu_total = None
+    if device.startswith("cuda"):
+        with contextlib.closing(open_gpu_reader(_log)) as reader:
+            totals = {d.index: d.memory_total_bytes for d in reader.devices()}
+        gpu_total = totals.get(gpu_index(device))
+    try:
+        return default_limits(
+            config.memory_limit, config.shm_limit, config.gpu_memory_limit, gpu_total
+        )
+    except ValueError as error:
+        raise ConfigError(f"memory limit: {error}") from None
+
+
+def prepare(config: StudyConfig) -> PreparedStudy:
+    """Check every argument against this machine and the storage; raise one-line errors."""
+    _check_numbers(config)
+    fingerprint = _hardware.detect_fingerprint()
+    profile = _resolve_profile(config, fingerprint)
+    workload = load_workload(config.objective, config.objective_options)
+    device = _resolve_device(config.device)
+    space = _build_space(config, workload, fingerprint, profile, device)
+    limits = _limits(config, device)
+    storage = open_storage(
+        config.storage,
+        heartbeat_interval=config.heartbeat_interval,
+        grace_period=config.grace_period,
+    )
+    name = config.study_name or study_name(config.objective, profile.name)
+    return PreparedStudy(
+        config, profile, fingerprint, workload, space, device, limits, storage, name
+    )
