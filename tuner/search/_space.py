@@ -219,9 +219,7 @@ class SearchSpace:
     def main_process_settings(self, batch: int, pin_memory: bool = False) -> LoaderSettings:
         """No workers, one intra-op thread, the default knobs: what the probe and the ceiling
         measure with (memory and the step alone, not the loader's speed)."""
-        return self.settings(
-            0, batch, None, False, pin_memory, 1, self.workload.default_knobs
-        )
+        return self.settings(0, batch, None, False, pin_memory, 1, self.workload.default_knobs)
 
     def settings(
         self,

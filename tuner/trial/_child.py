@@ -5,7 +5,7 @@ Contract with the supervisor (:mod:`tuner.trial._supervisor`):
 * the child puts itself in a new process group first, so the supervisor can kill it together
   with its DataLoader workers (which inherit the group) in one ``killpg``;
 * it watches the study process and kills its own process group, DataLoader workers included,
-  the moment the study is gone (:func:`tuner.trial._lifeline.kill_group_when_gone`), so a
+  the moment the study is gone (:func:`tuner._lifeline.kill_group_when_gone`), so a
   killed study leaves no orphans;
 * it sends the typed messages of :mod:`tuner.trial._protocol` over a pipe: :class:`Progress`
   while measuring, then exactly one :class:`Result` or :class:`Failure`; it never writes to the
@@ -23,9 +23,9 @@ from multiprocessing.connection import Connection
 import torch
 
 from objectives import Workload, load_workload
+from tuner._lifeline import kill_group_when_gone
 from tuner._naming import CEILING_ATTR
 from tuner.trial._ceiling import measure_ceiling
-from tuner.trial._lifeline import kill_group_when_gone
 from tuner.trial._measure import measure, synchronize
 from tuner.trial._outcome import classify_error, one_line
 from tuner.trial._protocol import Failure, Fits, Job, Mode, Progress, Result

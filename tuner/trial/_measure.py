@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from objectives import Workload, move_to_device
+from tuner._lifeline import die_with_parent
 from tuner.search._settings import LoaderSettings
-from tuner.trial._lifeline import die_with_parent
 from tuner.trial._telemetry import StepTimeline
 
 __all__ = ["Measurement", "count_samples", "epoch_mean_batch", "measure", "synchronize"]

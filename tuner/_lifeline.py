@@ -3,7 +3,7 @@
 Contract (who dies with whom, and how fast):
 
 * the forkserver dies with the study process: it sets ``PR_SET_PDEATHSIG`` at its preload
-  (:mod:`tuner.trial._forkserver_preload`), before it spends seconds importing torch. The kernel
+  (:mod:`tuner._forkserver_preload`), before it spends seconds importing torch. The kernel
   fires it when the *thread* that started the forkserver exits; the supervisor starts it from
   the thread that runs trials, and if that thread ends first, multiprocessing starts a new one;
 * the trial child watches the study process itself (a ``pidfd``, or polling where the kernel has
