@@ -14,6 +14,7 @@ Optuna's contract (``optuna.storages.RDBStorage``); what this module adds:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -73,6 +74,38 @@ def _open_grpc(url: str) -> BaseStorage:
         ) from None
 
 
+_SERVER_RESTARTING = ("57P01", "57P02", "57P03")
+"""PostgreSQL SQLSTATEs of a server that answered and is shutting down or starting up:
+admin_shutdown, crash_shutdown, cannot_connect_now."""
+
+
+def _server_restarting(error: BaseException) -> bool:
+    current: BaseException | None = error
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(getattr(current, "orig", None), "sqlstate", None) in _SERVER_RESTARTING:
+            return True
+        if getattr(current, "sqlstate", None) in _SERVER_RESTARTING:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _open_riding_out_a_restart(
+    create: Callable[[], RDBStorage], connect_retry_seconds: float | None
+) -> RDBStorage:
+    """A wrong URL fails at once, but a server that answered "shutting down" or "starting up"
+    is the right one, restarting: a fleet worker started at that moment waits for it, as every
+    later call does, rather than exiting."""
+    try:
+        return with_retry(create, "opening the storage", retry_seconds=connect_retry_seconds)
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
+        if not _server_restarting(error):
+            raise
+    return with_retry(create, "opening the storage")
+
+
 def open_storage(
     url: str,
     *,
@@ -108,7 +141,7 @@ def open_storage(
             return RDBStorage(url, engine_kwargs=engine_options(url), **heartbeat)
 
     try:
-        return with_retry(create, "opening the storage", retry_seconds=connect_retry_seconds)
+        return _open_riding_out_a_restart(create, connect_retry_seconds)
     except (
         sqlalchemy.exc.SQLAlchemyError,
         optuna.exceptions.StorageInternalError,

@@ -171,3 +171,50 @@ def heavy() -> Workload:
         default_batch_size=8,
         batch_size_range=(4, 128),
     )
+
+
+# --- bad input: workloads that are wrong rather than unlucky (tests/test_bad_input.py) ---------
+
+
+def _raising_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    raise RuntimeError("loss is NaN at step 1")
+
+
+def raising_step() -> Workload:
+    return Workload(
+        name="raising_step", dataset=Vectors(), step=_raising_step, batch_size_range=(8, 8)
+    )
+
+
+def empty() -> Workload:
+    return Workload(name="empty", dataset=Vectors(size=0), step=_sum_step, batch_size_range=(8, 8))
+
+
+class Words(Vectors):
+    """Samples that are strings: the default collate makes lists of str, not tensors."""
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+        return f"sample-{index}"
+
+
+def _ignore_step(batch: object, device: torch.device) -> None:
+    pass
+
+
+def not_tensors() -> Workload:
+    return Workload(name="not_tensors", dataset=Words(), step=_ignore_step, batch_size_range=(8, 8))
+
+
+class Nothing(torch.utils.data.IterableDataset):
+    """An iterable dataset whose epochs are empty: the DataLoader never yields a batch."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(())
+
+
+def no_batch() -> Workload:
+    return Workload(name="no_batch", dataset=Nothing(), step=_sum_step, batch_size_range=(8, 8))
+
+
+def not_a_workload() -> None:
+    """A factory that forgot to return its Workload."""

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
-from tuner._naming import METRIC_NAME
+from tuner._naming import METRIC_NAME, objective_label
 from tuner.fleet._heartbeat import heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight._note import save_study_note
@@ -114,6 +114,7 @@ def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
             study.set_user_attr("batch_param", prepared.workload.batch_param)
             study.set_user_attr("workload_options", config.objective_options)
             study.set_user_attr("tuner_version", __version__)
+        _check_same_objective(prepared, study)
         stored_options = study.user_attrs.get("workload_options", {})
         if stored_options != config.objective_options:
             raise ConfigError(
@@ -121,6 +122,17 @@ def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
                 "use the same options or another --study-name"
             )
     return study, created
+
+
+def _check_same_objective(prepared: PreparedStudy, study: optuna.Study) -> None:
+    """Refuse to add trials of one workload to a study another workload created (a reused
+    ``--study-name``): their samples/sec are not comparable. File paths compare by file name."""
+    stored = study.user_attrs.get("objective")
+    if stored is not None and objective_label(stored) != objective_label(prepared.config.objective):
+        raise ConfigError(
+            f"study {prepared.study_name} was created for objective {stored}; "
+            f"use --objective {stored} or another --study-name"
+        )
 
 
 def _enqueue_first_trials(

@@ -25,7 +25,14 @@ from tuner._lifeline import die_with_parent
 from tuner.search._settings import LoaderSettings
 from tuner.trial._telemetry import StepTimeline
 
-__all__ = ["Measurement", "count_samples", "epoch_mean_batch", "measure", "synchronize"]
+__all__ = [
+    "Measurement",
+    "check_batch",
+    "count_samples",
+    "epoch_mean_batch",
+    "measure",
+    "synchronize",
+]
 
 ProgressCallback = Callable[[float, float, float], None]
 """``progress(elapsed_s, samples_per_sec_so_far, data_wait_fraction_so_far)`` in the window."""
@@ -70,6 +77,26 @@ def epoch_mean_batch(workload: Workload, settings: LoaderSettings, seed: int) ->
         return None
     plan = [len(batch) for batch in workload.batch_sampler(workload.dataset, settings.batch, seed)]
     return sum(plan) / len(plan) if plan else None
+
+
+def _holds_tensor(batch: Any) -> bool:
+    if isinstance(batch, torch.Tensor):
+        return True
+    if isinstance(batch, dict):
+        return any(_holds_tensor(value) for value in batch.values())
+    if isinstance(batch, list | tuple):
+        return any(_holds_tensor(value) for value in batch)
+    return False
+
+
+def check_batch(batch: Any) -> None:
+    """Refuse a batch with no tensor in it: there is nothing to move or count, and a
+    samples/sec measured on it would mean nothing (strings need a ``collate_fn`` that encodes)."""
+    if not _holds_tensor(batch):
+        kind = type(batch).__name__
+        if isinstance(batch, list | tuple) and batch:
+            kind += f" of {type(batch[0]).__name__}"
+        raise TypeError(f"the batch holds no tensor ({kind}); give the workload a collate_fn")
 
 
 def count_samples(batch: Any) -> int:
@@ -157,6 +184,8 @@ def measure(
     def run_one() -> int:
         nonlocal micro_batches
         batch = stream.next()
+        if micro_batches == 0:
+            check_batch(batch)
         samples = count_samples(batch)
         step(move_to_device(batch, device, non_blocking))
         micro_batches += 1
