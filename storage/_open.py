@@ -23,7 +23,7 @@ import sqlalchemy.exc
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from storage._lock import storage_lock
-from storage._retry import is_connection_error, with_retry
+from storage._retry import DEFAULT_RETRY_SECONDS, is_connection_error, with_retry
 from storage._urls import GRPC_SCHEME, StorageError, mask_password, mask_url
 
 __all__ = ["engine_options", "open_storage"]
@@ -36,8 +36,9 @@ def engine_options(url: str) -> dict[str, Any]:
     """SQLAlchemy engine options: a few connections per worker, each checked before use."""
     backend = sqlalchemy.engine.make_url(url).get_backend_name()
     if backend == "sqlite":
-        # SQLite serialises writers; wait for the file lock instead of failing at once.
-        return {"connect_args": {"timeout": 60}}
+        # SQLite serialises writers; wait for the file lock instead of failing at once, but no
+        # longer than for a database that is down (TUNER_DB_RETRY_SECONDS).
+        return {"connect_args": {"timeout": min(60.0, DEFAULT_RETRY_SECONDS)}}
     return {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 2, "pool_recycle": 1800}
 
 

@@ -10,13 +10,14 @@ on to the end, and the run exits 1 with one last line saying that no trial finis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,8 @@ class Case:
     setup: Callable[[Path], object] | None = None
     needs_postgres: bool = False
     env: tuple[tuple[str, str], ...] = ()
+    locked: bool = False
+    """Another process holds a write lock on the SQLite file while the CLI runs."""
 
 
 def study(*flags: str) -> tuple[str, ...]:
@@ -62,20 +65,31 @@ def _study_of_another_objective(tmp: Path) -> None:
     created.set_user_attr("workload_options", {})
 
 
-def _hold_sqlite_lock(tmp: Path) -> None:
-    """Another process's write transaction on the file, held for the whole test."""
-    path = tmp / "tuner.db"
-    sqlite3.connect(path).execute("CREATE TABLE other_tool (x)").connection.commit()
-    ready = threading.Event()
+def _sqlite_file_of_another_tool(tmp: Path) -> None:
+    sqlite3.connect(tmp / "tuner.db").execute("CREATE TABLE other_tool (x)").connection.commit()
+
+
+@contextlib.contextmanager
+def _write_lock_held(path: Path) -> Iterator[None]:
+    """Another process's write transaction on the file (a thread here), for the block."""
+    ready, done = threading.Event(), threading.Event()
 
     def hold() -> None:
         connection = sqlite3.connect(path, check_same_thread=False)
         connection.execute("BEGIN EXCLUSIVE")
         ready.set()
-        threading.Event().wait(120)
+        done.wait(120)
+        connection.rollback()
+        connection.close()
 
-    threading.Thread(target=hold, daemon=True).start()
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
     ready.wait(10)
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join(10)
 
 
 REFUSED = [
@@ -141,8 +155,9 @@ REFUSED = [
         "sqlite-file-locked",
         study("--objective", f"{W}:fast"),
         "database is locked",
-        setup=_hold_sqlite_lock,
+        setup=_sqlite_file_of_another_tool,
         env=(("TUNER_DB_RETRY_SECONDS", "2"),),
+        locked=True,
     ),
     Case("grpc-url-without-port", study("--storage", "grpc://proxyhost"), "grpc://HOST:PORT"),
     Case("objective-not-a-spec", study("--objective", "imagenet"), "is not a built-in"),
@@ -247,7 +262,8 @@ def test_bad_input_is_one_line_an_exit_code_and_nothing_written(case: Case, tmp_
     db = tmp_path / "tuner.db"
     before = _rows(db)
 
-    result = _run(_expand(case.argv, tmp_path), tmp_path, dict(case.env))
+    with _write_lock_held(db) if case.locked else contextlib.nullcontext():
+        result = _run(_expand(case.argv, tmp_path), tmp_path, dict(case.env))
 
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert "Traceback" not in result.stderr, result.stderr

@@ -128,11 +128,7 @@ def _check_numbers(config: StudyConfig) -> None:
 
 def _check_dataset(workload: Workload) -> None:
     """An empty dataset has nothing to load: refused here rather than failing every trial."""
-    try:
-        size = len(workload.dataset)  # type: ignore[arg-type]
-    except TypeError:  # an IterableDataset without a length: its trials will tell
-        return
-    if size == 0:
+    if workload.dataset_length == 0:  # an iterable dataset without a length: its trials tell
         raise ConfigError(f"the dataset of workload {workload.name!r} is empty (length 0)")
 
 

@@ -18,14 +18,13 @@ import warnings
 from typing import TextIO
 
 import optuna
-from optuna.storages import fail_stale_trials
 from optuna.trial import TrialState
 from tqdm import tqdm
 
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
 from tuner._naming import METRIC_NAME, objective_label
-from tuner.fleet._heartbeat import heartbeat
+from tuner.fleet._heartbeat import StaleTrials, heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight._note import save_study_note
 from tuner.insight._summary import print_summary, remeasured
@@ -166,6 +165,7 @@ def _run_trials(
     config = prepared.config
     started = time.monotonic()
     trials_run = 0
+    stale = StaleTrials()
     total = (
         config.n_trials
         if config.total_trials is None
@@ -177,7 +177,7 @@ def _run_trials(
         while config.n_trials is None or trials_run < config.n_trials:
             if config.timeout is not None and time.monotonic() - started >= config.timeout:
                 break
-            asked = with_retry(lambda: _ask(study, prepared), "asking for a trial")
+            asked = with_retry(lambda: _ask(study, prepared, stale), "asking for a trial")
             if asked is None:
                 break
             if asked == "wait":
@@ -217,10 +217,12 @@ def _run_one(
     return outcome.state, outcome.reason
 
 
-def _ask(study: optuna.Study, prepared: PreparedStudy) -> optuna.Trial | str | None:
+def _ask(
+    study: optuna.Study, prepared: PreparedStudy, stale: StaleTrials
+) -> optuna.Trial | str | None:
     """A new trial, ``None`` when the fleet's total is reached, ``"wait"`` while others finish."""
     total = prepared.config.total_trials
-    fail_stale_trials(study)
+    stale.fail(study)
     if total is None:
         return study.ask()
     with storage_lock(prepared.config.storage, prepared.study_name):
