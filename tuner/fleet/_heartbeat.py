@@ -75,7 +75,8 @@ class StaleTrials:
 
     def fail(self, study: optuna.Study) -> None:
         optuna_fail_stale_trials(study)
-        storage = study._storage
+        # Optuna wraps an RDBStorage in its cache layer; the heartbeat table is the backend's.
+        storage = getattr(study._storage, "_backend", study._storage)
         if not isinstance(storage, RDBStorage) or storage.heartbeat_interval is None:
             return
         grace_s = storage.grace_period or 2 * storage.heartbeat_interval
