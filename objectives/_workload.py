@@ -128,6 +128,14 @@ class Workload:
                 raise ValueError(f"knob {knob!r} of workload {self.name!r} has no choices")
 
     @property
+    def dataset_length(self) -> int | None:
+        """``len(dataset)``, or None for an iterable dataset that has no length."""
+        try:
+            return len(self.dataset)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+
+    @property
     def default_knobs(self) -> dict[str, Any]:
         """The first choice of every knob: what the baselines run."""
         return {knob: choices[0] for knob, choices in self.knobs.items()}

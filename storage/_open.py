@@ -14,6 +14,7 @@ Optuna's contract (``optuna.storages.RDBStorage``); what this module adds:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -22,7 +23,7 @@ import sqlalchemy.exc
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from storage._lock import storage_lock
-from storage._retry import is_connection_error, with_retry
+from storage._retry import DEFAULT_RETRY_SECONDS, is_connection_error, with_retry
 from storage._urls import GRPC_SCHEME, StorageError, mask_password, mask_url
 
 __all__ = ["engine_options", "open_storage"]
@@ -35,8 +36,9 @@ def engine_options(url: str) -> dict[str, Any]:
     """SQLAlchemy engine options: a few connections per worker, each checked before use."""
     backend = sqlalchemy.engine.make_url(url).get_backend_name()
     if backend == "sqlite":
-        # SQLite serialises writers; wait for the file lock instead of failing at once.
-        return {"connect_args": {"timeout": 60}}
+        # SQLite serialises writers; wait for the file lock instead of failing at once, but no
+        # longer than for a database that is down (TUNER_DB_RETRY_SECONDS).
+        return {"connect_args": {"timeout": min(60.0, DEFAULT_RETRY_SECONDS)}}
     return {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 2, "pool_recycle": 1800}
 
 
@@ -71,6 +73,38 @@ def _open_grpc(url: str) -> BaseStorage:
         raise StorageError(
             "the gRPC proxy needs grpcio: pip install 'dataloader-tuner[grpc]'"
         ) from None
+
+
+_SERVER_RESTARTING = ("57P01", "57P02", "57P03")
+"""PostgreSQL SQLSTATEs of a server that answered and is shutting down or starting up:
+admin_shutdown, crash_shutdown, cannot_connect_now."""
+
+
+def _server_restarting(error: BaseException) -> bool:
+    current: BaseException | None = error
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(getattr(current, "orig", None), "sqlstate", None) in _SERVER_RESTARTING:
+            return True
+        if getattr(current, "sqlstate", None) in _SERVER_RESTARTING:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _open_riding_out_a_restart(
+    create: Callable[[], RDBStorage], connect_retry_seconds: float | None
+) -> RDBStorage:
+    """A wrong URL fails at once, but a server that answered "shutting down" or "starting up"
+    is the right one, restarting: a fleet worker started at that moment waits for it, as every
+    later call does, rather than exiting."""
+    try:
+        return with_retry(create, "opening the storage", retry_seconds=connect_retry_seconds)
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as error:
+        if not _server_restarting(error):
+            raise
+    return with_retry(create, "opening the storage")
 
 
 def open_storage(
@@ -110,7 +144,7 @@ def open_storage(
             return storage_class(url, engine_kwargs=engine_options(url), **heartbeat)
 
     try:
-        return with_retry(create, "opening the storage", retry_seconds=connect_retry_seconds)
+        return _open_riding_out_a_restart(create, connect_retry_seconds)
     except (
         sqlalchemy.exc.SQLAlchemyError,
         optuna.exceptions.StorageInternalError,

@@ -9,9 +9,13 @@ Objectives given as ``module:attr`` or ``file.py:attr`` are user code: they are 
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from collections.abc import Sequence
 
+import optuna
+
 from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
+from tuner.insight._best import NoResultError
 from tuner.run import SAMPLERS, StudyConfig, run_study
 
 __all__ = ["main", "parser"]
@@ -186,7 +190,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress=args.progress,
     )
     result = run_study(config)
+    if result.best_trial is None and result.trials_run:
+        raise NoResultError(_no_result(result.study))
     return 0 if result.best_trial is not None or result.trials_run else 1
+
+
+def _no_result(study: optuna.Study) -> str:
+    """Why a run that ran trials has no best: the counts, and the latest error or reason."""
+    trials = study.get_trials(deepcopy=False)
+    counts = Counter(trial.state.name.lower() for trial in trials)
+    why = next(
+        (
+            trial.user_attrs.get("error") or trial.user_attrs.get("pruned_reason")
+            for trial in reversed(trials)
+            if trial.user_attrs.get("error") or trial.user_attrs.get("pruned_reason")
+        ),
+        None,
+    )
+    summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+    return f"no trial completed in study {study.study_name} ({summary})" + (
+        f"; the last: {why}" if why else ""
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,14 @@ class Vectors(Dataset):
         return sample, index % 10
 
 
+class Slow(Vectors):
+    """5 ms a sample: a batch takes a visible while, so a test can catch each phase of a study."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(0.005)
+        return super().__getitem__(index)
+
+
 class Leaky(Vectors):
     """Each worker keeps 4 MiB more for every sample it loads (64 MiB per batch of 16): a leak
     like a growing cache. With ``blocks``, it keeps only its first ``blocks`` samples' worth:
@@ -81,6 +89,16 @@ def fast() -> Workload:
     return Workload(
         name="fast",
         dataset=Vectors(),
+        step=_sum_step,
+        default_batch_size=32,
+        batch_size_range=(8, 64),
+    )
+
+
+def slow() -> Workload:
+    return Workload(
+        name="slow",
+        dataset=Slow(),
         step=_sum_step,
         default_batch_size=32,
         batch_size_range=(8, 64),
@@ -204,3 +222,50 @@ def knobbed() -> Workload:
     has its best at the tuned value, away from the default.
     """
     return _knobbed(collate="sleepy")
+
+
+# --- bad input: workloads that are wrong rather than unlucky (tests/test_bad_input.py) ---------
+
+
+def _raising_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    raise RuntimeError("loss is NaN at step 1")
+
+
+def raising_step() -> Workload:
+    return Workload(
+        name="raising_step", dataset=Vectors(), step=_raising_step, batch_size_range=(8, 8)
+    )
+
+
+def empty() -> Workload:
+    return Workload(name="empty", dataset=Vectors(size=0), step=_sum_step, batch_size_range=(8, 8))
+
+
+class Words(Vectors):
+    """Samples that are strings: the default collate makes lists of str, not tensors."""
+
+    def __getitem__(self, index: int) -> str:  # type: ignore[override]
+        return f"sample-{index}"
+
+
+def _ignore_step(batch: object, device: torch.device) -> None:
+    pass
+
+
+def not_tensors() -> Workload:
+    return Workload(name="not_tensors", dataset=Words(), step=_ignore_step, batch_size_range=(8, 8))
+
+
+class Nothing(torch.utils.data.IterableDataset):
+    """An iterable dataset whose epochs are empty: the DataLoader never yields a batch."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(())
+
+
+def no_batch() -> Workload:
+    return Workload(name="no_batch", dataset=Nothing(), step=_sum_step, batch_size_range=(8, 8))
+
+
+def not_a_workload() -> None:
+    """A factory that forgot to return its Workload."""

@@ -8,8 +8,14 @@ storage holds per profile (``_profile_studies``). The database lock and retries 
 
 from __future__ import annotations
 
-from tuner.fleet._heartbeat import heartbeat
+from tuner.fleet._heartbeat import StaleTrials, heartbeat
 from tuner.fleet._profile_studies import StoredStudy, stored_studies
 from tuner.fleet._warm_start import enqueue_warm_start
 
-__all__ = ["StoredStudy", "enqueue_warm_start", "heartbeat", "stored_studies"]
+__all__ = [
+    "StaleTrials",
+    "StoredStudy",
+    "enqueue_warm_start",
+    "heartbeat",
+    "stored_studies",
+]

@@ -115,6 +115,21 @@ def _check_numbers(config: StudyConfig) -> None:
         raise ConfigError("--trial-seconds must be positive and --warmup-seconds not negative")
     if config.sampler not in SAMPLERS:
         raise ConfigError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {config.sampler!r}")
+    for name in ("heartbeat_interval", "grace_period"):
+        value = getattr(config, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    for name in ("remeasure_top", "remeasure_rounds"):
+        if getattr(config, name) < 0:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must not be negative, got {getattr(config, name)}"
+            )
+
+
+def _check_dataset(workload: Workload) -> None:
+    """An empty dataset has nothing to load: refused here rather than failing every trial."""
+    if workload.dataset_length == 0:  # an iterable dataset without a length: its trials tell
+        raise ConfigError(f"the dataset of workload {workload.name!r} is empty (length 0)")
 
 
 def _resolve_profile(config: StudyConfig, fingerprint: machine.Fingerprint) -> machine.Profile:
@@ -178,6 +193,7 @@ def prepare(config: StudyConfig) -> PreparedStudy:
     fingerprint = machine.detect_fingerprint()
     profile = _resolve_profile(config, fingerprint)
     workload = load_workload(config.objective, config.objective_options)
+    _check_dataset(workload)
     device = _resolve_device(config.device)
     space = _build_space(config, workload, fingerprint, profile, device)
     limits = _limits(config, device)

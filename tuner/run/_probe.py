@@ -26,6 +26,10 @@ MAX_BATCH_ATTR = "max_batch_size"
 _log = logging.getLogger("tuner.probe")
 
 
+class ProbeFailed(RuntimeError):
+    """The probe's child failed for another reason than memory: the workload itself fails."""
+
+
 def probe_max_batch(
     supervisor: Supervisor,
     job: Job,
@@ -51,7 +55,7 @@ def probe_max_batch(
             return None
         if outcome.state == "pruned" and is_memory_reason(outcome.reason):
             return outcome.reason
-        raise RuntimeError(outcome.error or outcome.reason or "the batch-size probe failed")
+        raise ProbeFailed(outcome.error or outcome.reason or "the batch-size probe failed")
 
     reason = run(candidates)
     if reason is None:
@@ -80,17 +84,26 @@ def study_max_batch(
     ):
         return None
     return once_per_study(
-        study, prepared.config.storage, MAX_BATCH_ATTR, lambda: _probe(prepared, supervisor)
+        study, prepared.config.storage, MAX_BATCH_ATTR, lambda: _probe_or_warn(prepared, supervisor)
     )
+
+
+def _probe_or_warn(prepared: PreparedStudy, supervisor: Supervisor) -> int | None:
+    """The probe, or None with a warning when the workload fails in it: each trial will then
+    fail with the workload's error recorded, which is where users look for it."""
+    try:
+        return _probe(prepared, supervisor)
+    except ProbeFailed as error:
+        _log.warning("batch-size probe skipped: the workload failed (%s)", error)
+        return None
 
 
 def _probe(prepared: PreparedStudy, supervisor: Supervisor) -> int:
     space = prepared.space
     candidates = space.batch_choices()
-    if space.batch_param == "batch_size":
-        candidates = [
-            b for b in candidates if b <= max(candidates[0], len(prepared.workload.dataset))
-        ]
+    length = prepared.workload.dataset_length
+    if space.batch_param == "batch_size" and length is not None:
+        candidates = [b for b in candidates if b <= max(candidates[0], length)]
     # Memory, not speed, is probed: one intra-op thread, which no machine makes pathological.
     job = make_job(prepared, space.main_process_settings(candidates[0], pin_memory=space.cuda))
     deadline_s = trial_deadline(prepared.config) * 2

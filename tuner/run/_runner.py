@@ -157,6 +157,8 @@ class TrialRunner:
             try:
                 trial.report(samples_per_sec, step)
                 return trial.should_prune()
+            except optuna.exceptions.UpdateFinishedTrialError:
+                return True  # failed as stale meanwhile: its retry measures it (see _finish)
             except Exception as error:  # a database hiccup must not cost the measurement
                 if not is_connection_error(error):
                     raise
@@ -168,6 +170,28 @@ class TrialRunner:
         return outcome
 
     def _finish(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        settings: LoaderSettings,
+        outcome: TrialOutcome,
+    ) -> None:
+        """Record ``outcome``, unless another worker failed the trial as stale meanwhile.
+
+        That happens when this worker's heartbeats did not reach the database for the grace
+        period (a stalled network, a long restart) while it measured: the trial is FAIL and a
+        re-queued copy holds its setting, so this result is dropped rather than written twice.
+        """
+        try:
+            self._record(study, trial, settings, outcome)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            _log.warning(
+                "trial %d was failed as stale by another worker while this one measured it; "
+                "its re-queued copy measures it again",
+                trial.number,
+            )
+
+    def _record(
         self,
         study: optuna.Study,
         trial: optuna.Trial,

@@ -18,15 +18,14 @@ import warnings
 from typing import TextIO
 
 import optuna
-from optuna.storages import fail_stale_trials
 from optuna.trial import TrialState
 from tqdm import tqdm
 
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
 from tuner._attrs import BATCH_PARAM_ATTR, remeasured
-from tuner._naming import METRIC_NAME
-from tuner.fleet._heartbeat import heartbeat
+from tuner._naming import METRIC_NAME, objective_label
+from tuner.fleet._heartbeat import StaleTrials, heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight._note import save_study_note
 from tuner.insight._summary import print_summary
@@ -115,6 +114,7 @@ def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
             study.set_user_attr(BATCH_PARAM_ATTR, prepared.workload.batch_param)
             study.set_user_attr("workload_options", config.objective_options)
             study.set_user_attr("tuner_version", __version__)
+        _check_same_objective(prepared, study)
         stored_options = study.user_attrs.get("workload_options", {})
         if stored_options != config.objective_options:
             raise ConfigError(
@@ -122,6 +122,17 @@ def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
                 "use the same options or another --study-name"
             )
     return study, created
+
+
+def _check_same_objective(prepared: PreparedStudy, study: optuna.Study) -> None:
+    """Refuse to add trials of one workload to a study another workload created (a reused
+    ``--study-name``): their samples/sec are not comparable. File paths compare by file name."""
+    stored = study.user_attrs.get("objective")
+    if stored is not None and objective_label(stored) != objective_label(prepared.config.objective):
+        raise ConfigError(
+            f"study {prepared.study_name} was created for objective {stored}; "
+            f"use --objective {stored} or another --study-name"
+        )
 
 
 def _enqueue_first_trials(
@@ -155,6 +166,7 @@ def _run_trials(
     config = prepared.config
     started = time.monotonic()
     trials_run = 0
+    stale = StaleTrials()
     total = (
         config.n_trials
         if config.total_trials is None
@@ -166,7 +178,7 @@ def _run_trials(
         while config.n_trials is None or trials_run < config.n_trials:
             if config.timeout is not None and time.monotonic() - started >= config.timeout:
                 break
-            asked = with_retry(lambda: _ask(study, prepared), "asking for a trial")
+            asked = with_retry(lambda: _ask(study, prepared, stale), "asking for a trial")
             if asked is None:
                 break
             if asked == "wait":
@@ -206,10 +218,12 @@ def _run_one(
     return outcome.state, outcome.reason
 
 
-def _ask(study: optuna.Study, prepared: PreparedStudy) -> optuna.Trial | str | None:
+def _ask(
+    study: optuna.Study, prepared: PreparedStudy, stale: StaleTrials
+) -> optuna.Trial | str | None:
     """A new trial, ``None`` when the fleet's total is reached, ``"wait"`` while others finish."""
     total = prepared.config.total_trials
-    fail_stale_trials(study)
+    stale.fail(study)
     if total is None:
         return study.ask()
     with storage_lock(prepared.config.storage, prepared.study_name):

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from objectives import Workload
 
 __all__ = ["LoaderSettings"]
@@ -56,7 +58,7 @@ class LoaderSettings:
         if workload.batch_sampler is not None:
             kwargs.pop("batch_size", None)
             kwargs["batch_sampler"] = workload.batch_sampler(workload.dataset, self.batch, seed)
-        else:
+        elif not isinstance(workload.dataset, IterableDataset):  # it orders its own samples
             kwargs["shuffle"] = True
         if workload.collate_fn is not None:
             kwargs["collate_fn"] = workload.collate_fn

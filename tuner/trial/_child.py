@@ -4,8 +4,9 @@ Contract with the supervisor (:mod:`tuner.trial._supervisor`):
 
 * the child puts itself in a new process group first, so the supervisor can kill it together
   with its DataLoader workers (which inherit the group) in one ``killpg``;
-* it asks the kernel to kill it when its parent, the forkserver (which exits with the study
-  process), dies (``PR_SET_PDEATHSIG``), so a killed study leaves no orphans;
+* it watches the study process and kills its own process group, DataLoader workers included,
+  the moment the study is gone (:func:`tuner._lifeline.kill_group_when_gone`), so a
+  killed study leaves no orphans;
 * it sends the typed messages of :mod:`tuner.trial._protocol` over a pipe: :class:`Progress`
   while measuring, then exactly one :class:`Result` or :class:`Failure`; it never writes to the
   study's database.
@@ -13,17 +14,16 @@ Contract with the supervisor (:mod:`tuner.trial._supervisor`):
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import multiprocessing
 import os
-import signal
 import sys
 from multiprocessing.connection import Connection
 
 import torch
 
 from objectives import Workload, load_workload
+from tuner._lifeline import kill_group_when_gone
 from tuner._naming import CEILING_ATTR
 from tuner.trial._ceiling import measure_ceiling
 from tuner.trial._measure import measure, synchronize
@@ -31,21 +31,6 @@ from tuner.trial._outcome import classify_error, one_line
 from tuner.trial._protocol import Failure, Fits, Job, Mode, Progress, Result
 
 __all__ = ["run_child"]
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(supervisor_pid: int) -> None:
-    """Die with the forkserver, which itself exits when the study process does."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # Not Linux/glibc: the supervisor's process-group kill still applies.
-    try:
-        os.kill(supervisor_pid, 0)
-    except ProcessLookupError:
-        os._exit(1)
 
 
 def _workload(job: Job) -> Workload:
@@ -111,7 +96,7 @@ _MODES = {Mode.MEASURE: _measure, Mode.PROBE: _probe, Mode.CEILING: _ceiling}
 def run_child(conn: Connection, job: Job, supervisor_pid: int) -> None:
     """Entry point of the trial child process (the target of a forkserver ``Process``)."""
     os.setpgid(0, 0)
-    _die_with_parent(supervisor_pid)
+    kill_group_when_gone(supervisor_pid)
     # A forkserver Process makes "forkserver" its own default start method; DataLoader workers
     # must start the way they would in the user's process: the platform's default.
     multiprocessing.set_start_method(None, force=True)

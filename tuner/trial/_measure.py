@@ -11,6 +11,8 @@ samples/sec counts each batch at its epoch's mean size (:func:`epoch_mean_batch`
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,10 +21,18 @@ import torch
 from torch.utils.data import DataLoader
 
 from objectives import Workload, move_to_device
+from tuner._lifeline import die_with_parent
 from tuner.search._settings import LoaderSettings
 from tuner.trial._telemetry import StepTimeline
 
-__all__ = ["Measurement", "count_samples", "epoch_mean_batch", "measure", "synchronize"]
+__all__ = [
+    "Measurement",
+    "check_batch",
+    "count_samples",
+    "epoch_mean_batch",
+    "measure",
+    "synchronize",
+]
 
 ProgressCallback = Callable[[float, float, float], None]
 """``progress(elapsed_s, samples_per_sec_so_far, data_wait_fraction_so_far)`` in the window."""
@@ -67,6 +77,26 @@ def epoch_mean_batch(workload: Workload, settings: LoaderSettings, seed: int) ->
         return None
     plan = [len(batch) for batch in workload.batch_sampler(workload.dataset, settings.batch, seed)]
     return sum(plan) / len(plan) if plan else None
+
+
+def _holds_tensor(batch: Any) -> bool:
+    if isinstance(batch, torch.Tensor):
+        return True
+    if isinstance(batch, dict):
+        return any(_holds_tensor(value) for value in batch.values())
+    if isinstance(batch, list | tuple):
+        return any(_holds_tensor(value) for value in batch)
+    return False
+
+
+def check_batch(batch: Any) -> None:
+    """Refuse a batch with no tensor in it: there is nothing to move or count, and a
+    samples/sec measured on it would mean nothing (strings need a ``collate_fn`` that encodes)."""
+    if not _holds_tensor(batch):
+        kind = type(batch).__name__
+        if isinstance(batch, list | tuple) and batch:
+            kind += f" of {type(batch[0]).__name__}"
+        raise TypeError(f"the batch holds no tensor ({kind}); give the workload a collate_fn")
 
 
 def count_samples(batch: Any) -> int:
@@ -118,6 +148,12 @@ class _EpochLoop:
             shutdown()
 
 
+def _die_with_trial_child(child_pid: int, worker_id: int) -> None:
+    """A DataLoader worker's init: SIGKILL when the trial child goes (PyTorch's watchdog polls
+    only every 5 s)."""
+    die_with_parent(child_pid)
+
+
 def measure(
     workload: Workload,
     settings: LoaderSettings,
@@ -136,7 +172,11 @@ def measure(
 
     samples_per_batch = epoch_mean_batch(workload, settings, seed)
     built = time.perf_counter()
-    loader = DataLoader(workload.dataset, **settings.build_dataloader_kwargs(workload, seed))
+    loader = DataLoader(
+        workload.dataset,
+        **settings.build_dataloader_kwargs(workload, seed),
+        worker_init_fn=functools.partial(_die_with_trial_child, os.getpid()),
+    )
     step = workload.train_step(device)
     stream = _EpochLoop(loader)
     micro_batches = 0
@@ -144,6 +184,8 @@ def measure(
     def run_one() -> int:
         nonlocal micro_batches
         batch = stream.next()
+        if micro_batches == 0:
+            check_batch(batch)
         samples = count_samples(batch)
         step(move_to_device(batch, device, non_blocking))
         micro_batches += 1

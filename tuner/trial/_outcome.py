@@ -25,8 +25,16 @@ class TrialOutcome:
 
 
 def one_line(error: BaseException) -> str:
-    """``Type: message`` on one line, for the ``error`` user attr."""
-    text = " ".join(str(error).split())
+    """``Type: message`` on one line, for the ``error`` user attr.
+
+    An exception re-raised from a DataLoader worker carries the worker's whole traceback in
+    its message ("Caught OSError in DataLoader worker process 0. Original Traceback ..."); its
+    last line, the original ``Type: message``, is what the user needs.
+    """
+    text = str(error)
+    if "Original Traceback" in text and text.strip():
+        return " ".join(text.strip().splitlines()[-1].split())
+    text = " ".join(text.split())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

@@ -10,6 +10,8 @@ Contract:
   and the supervisor returns only once none of those processes is left;
 * the study process is made a child subreaper, so the workers of a killed child are reparented to
   it and reaped here, not left as zombies;
+* every process of the trial dies with the study process itself, within milliseconds: see
+  :mod:`tuner._lifeline` for how the forkserver, the child and its workers are tied to it;
 * the supervisor runs the guard between messages; the guard never kills, the supervisor does.
 """
 
@@ -28,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from tuner._lifeline import start_forkserver
 from tuner.machine._process import process_tree
 from tuner.trial._guard import Breach, MemoryGuard
 from tuner.trial._outcome import TrialOutcome, classify_exit
@@ -45,10 +48,11 @@ ProgressHandler = Callable[[float, float], bool]
 
 MessageHandler = Callable[[Fits], None]
 
-FORKSERVER_PRELOAD = ("tuner.trial._child", "torch._dynamo")
+FORKSERVER_PRELOAD = ("tuner._forkserver_preload", "tuner.trial._child", "torch._dynamo")
 """Imported once by the forkserver, so no trial pays for them: ``torch._dynamo`` is what the
 first ``torch.optim`` optimizer in a process imports, 2 to 2.5 s on a 2-core machine, which
-was most of a 3.5 s trial's overhead before it was preloaded."""
+was most of a 3.5 s trial's overhead before it was preloaded. The first entry ties the
+forkserver to the study process before those seconds (:mod:`tuner._lifeline`)."""
 
 
 def _start_quiet_resource_tracker() -> None:
@@ -125,6 +129,7 @@ class Supervisor:
             _start_quiet_resource_tracker()
             assert isinstance(context, multiprocessing.context.ForkServerContext)
             context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+            start_forkserver()
             self._context = context
         return self._context
 

@@ -1,0 +1,313 @@
+"""Every kind of bad input, as a user meets it: the CLI in a subprocess, one line, the exit code,
+and the database as it was. Each case is a row of docs/bad-input.md.
+
+Refused inputs (``REFUSED``) stop before anything is written: exactly one line on stderr, no
+traceback, exit code 2 (usage) or 1 (nothing to show), and the SQLite file holds the same rows
+as before (none, where there was none). Workloads that are wrong in the trial rather than in
+their spec (``FAILING``) cost their trials: each trial is FAIL with its ``error``, the study goes
+on to the end, and the run exits 1 with one last line saying that no trial finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+import sqlalchemy
+
+from tests.conftest import QUICK_TRIALS, ROOT, free_port
+
+W = "tests.tuner_tests.workloads"
+PG = "postgresql+psycopg://{user}@127.0.0.1:5432/{database}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: the arguments after ``python -m``, what the one line says, the exit code."""
+
+    id: str
+    argv: tuple[str, ...]
+    says: str
+    exit_code: int = 2
+    setup: Callable[[Path], object] | None = None
+    needs_postgres: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    locked: bool = False
+    """Another process holds a write lock on the SQLite file while the CLI runs."""
+
+
+def study(*flags: str) -> tuple[str, ...]:
+    return ("tuner.study", "--hardware", "auto", "--storage", "{db}", *QUICK_TRIALS, *flags)
+
+
+def _write(name: str, text: str) -> Callable[[Path], object]:
+    return lambda tmp: (tmp / name).write_text(text)
+
+
+def _study_of_another_objective(tmp: Path) -> None:
+    """A study named ``shared`` that the text workload created, as a first run would leave it."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    created = optuna.create_study(
+        study_name="shared", storage=f"sqlite:///{tmp / 'tuner.db'}", direction="maximize"
+    )
+    created.set_user_attr("objective", "text")
+    created.set_user_attr("profile", {"name": "auto"})
+    created.set_user_attr("workload_options", {})
+
+
+def _sqlite_file_of_another_tool(tmp: Path) -> None:
+    sqlite3.connect(tmp / "tuner.db").execute("CREATE TABLE other_tool (x)").connection.commit()
+
+
+@contextlib.contextmanager
+def _write_lock_held(path: Path) -> Iterator[None]:
+    """Another process's write transaction on the file (a thread here), for the block."""
+    ready, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        connection = sqlite3.connect(path, check_same_thread=False)
+        connection.execute("BEGIN EXCLUSIVE")
+        ready.set()
+        done.wait(120)
+        connection.rollback()
+        connection.close()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    ready.wait(10)
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join(10)
+
+
+REFUSED = [
+    Case("unknown-flag", study("--n-trails", "5"), "unrecognized arguments: --n-trails"),
+    Case("n-trials-not-a-number", study("--n-trials", "many"), "invalid int value: 'many'"),
+    Case("n-trials-zero", study("--n-trials", "0"), "--n-trials must be positive, got 0"),
+    Case("total-trials-negative", study("--total-trials", "-3"), "--total-trials must be positive"),
+    Case("timeout-negative", study("--timeout", "-5"), "--timeout must be positive"),
+    Case("trial-seconds-zero", study("--trial-seconds", "0"), "--trial-seconds must be positive"),
+    Case("memory-limit-not-a-size", study("--memory-limit", "lots"), "memory limit"),
+    Case("memory-limit-above-100%", study("--memory-limit", "150%"), "memory limit"),
+    Case("shm-limit-zero", study("--shm-limit", "0"), "memory limit"),
+    Case("heartbeat-interval-zero", study("--heartbeat-interval", "0"), "--heartbeat-interval"),
+    Case("remeasure-top-negative", study("--remeasure-top", "-1"), "--remeasure-top"),
+    Case("unknown-profile", study("--hardware", "no-such-box"), "no-such-box"),
+    Case("profile-of-another-machine", study("--hardware", "p4d.24xlarge"), "does not match"),
+    Case(
+        "profiles-file-missing",
+        study("--profiles", "{tmp}/missing.json"),
+        "missing.json",
+    ),
+    Case(
+        "profiles-file-not-json",
+        study("--profiles", "{tmp}/profiles.json"),
+        "profiles.json",
+        setup=_write("profiles.json", '{"box": {"vcpus": 4,'),
+    ),
+    Case(
+        "profiles-file-bad-profile",
+        study("--profiles", "{tmp}/profiles.json", "--hardware", "box"),
+        "box",
+        setup=_write("profiles.json", json.dumps({"box": {"vcpus": "four"}})),
+    ),
+    Case("storage-not-a-url", study("--storage", "nonsense"), "not a storage URL"),
+    Case(
+        "storage-driver-not-installed",
+        study("--storage", "mysql+nosuchdriver://u@127.0.0.1/db"),
+        "cannot open storage",
+    ),
+    Case(
+        "storage-unreachable",
+        study("--storage", "postgresql+psycopg://postgres@127.0.0.1:{free_port}/tuner"),
+        "cannot reach storage",
+    ),
+    Case(
+        "storage-unknown-user-and-password",
+        study("--storage", PG.format(user="nobody:s3cret", database="postgres")),
+        'role "nobody" does not exist',
+        needs_postgres=True,
+    ),
+    Case(
+        "storage-no-such-database",
+        study("--storage", PG.format(user="postgres", database="no_such_tuner_db")),
+        'database "no_such_tuner_db" does not exist',
+        needs_postgres=True,
+    ),
+    Case(
+        "sqlite-folder-missing",
+        study("--storage", "sqlite:///{tmp}/no/such/folder/tuner.db"),
+        "folder",
+    ),
+    Case(
+        "sqlite-file-locked",
+        study("--objective", f"{W}:fast"),
+        "database is locked",
+        setup=_sqlite_file_of_another_tool,
+        env=(("TUNER_DB_RETRY_SECONDS", "2"),),
+        locked=True,
+    ),
+    Case("grpc-url-without-port", study("--storage", "grpc://proxyhost"), "grpc://HOST:PORT"),
+    Case("objective-not-a-spec", study("--objective", "imagenet"), "is not a built-in"),
+    Case(
+        "objective-module-missing",
+        study("--objective", "no_such_pkg.data:workload"),
+        "no module named 'no_such_pkg.data'",
+    ),
+    Case("objective-attr-missing", study("--objective", f"{W}:nope"), "has no attribute 'nope'"),
+    Case(
+        "objective-file-missing",
+        study("--objective", "{tmp}/train_data.py:make_workload"),
+        "does not exist",
+    ),
+    Case(
+        "objective-raises-at-import",
+        study("--objective", "{tmp}/broken_data.py:make_workload"),
+        "importing 'broken_data' failed: RuntimeError: no data mounted",
+        setup=_write("broken_data.py", "raise RuntimeError('no data mounted at /data')\n"),
+    ),
+    Case(
+        "objective-returns-no-workload",
+        study("--objective", f"{W}:not_a_workload"),
+        "returned a value of type NoneType",
+    ),
+    Case("dataset-of-length-0", study("--objective", f"{W}:empty"), "is empty (length 0)"),
+    Case("fix-unknown-parameter", study("--fix", "workers=2"), "workers"),
+    Case("fix-bad-value", study("--fix", "num_workers=many"), "num_workers"),
+    Case(
+        "effective-batch-indivisible",
+        study("--objective", f"{W}:fast", "--effective-batch", "7"),
+        "no power of two",
+    ),
+    Case("device-cuda-without-gpu", study("--device", "cuda"), "CUDA is not available"),
+    Case("device-unknown", study("--device", "tpu"), "--device must be auto, cpu or cuda"),
+    Case(
+        "image-flag-for-text",
+        study("--objective", "text", "--model", "resnet50"),
+        "--model applies to --objective image only",
+    ),
+    Case("image-dir-missing", study("--image-dir", "{tmp}/no-images"), "no-images"),
+    Case(
+        "study-of-another-objective",
+        study("--objective", f"{W}:fast", "--study-name", "shared"),
+        "study shared was created for objective text",
+        setup=_study_of_another_objective,
+    ),
+    Case(
+        "best-without-a-study",
+        ("tuner.best", "--hardware", "auto", "--storage", "{db}"),
+        "no study",
+        exit_code=1,
+    ),
+]
+
+
+def _expand(argv: tuple[str, ...], tmp: Path) -> list[str]:
+    values = {"db": f"sqlite:///{tmp / 'tuner.db'}", "tmp": str(tmp), "free_port": free_port()}
+    return [arg.format(**values) for arg in argv]
+
+
+def _rows(path: Path) -> list[tuple[object, ...]] | None:
+    """Every row of every table of the SQLite file, or None when there is no file."""
+    if not path.exists():
+        return None
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) as db:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return sorted(
+            (table, *row)
+            for table in tables
+            if table not in ("alembic_version", "version_info")
+            for row in db.execute(f'SELECT * FROM "{table}"')
+        )
+
+
+def _postgres_up() -> bool:
+    url = os.environ.get("TEST_DB_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    try:
+        sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool).connect().close()
+    except sqlalchemy.exc.OperationalError:
+        return False
+    return True
+
+
+def _run(argv: list[str], tmp: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *argv],
+        cwd=tmp,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[case.id for case in REFUSED])
+def test_bad_input_is_one_line_an_exit_code_and_nothing_written(case: Case, tmp_path: Path) -> None:
+    if case.needs_postgres and not _postgres_up():
+        pytest.skip("no PostgreSQL server reachable")
+    if case.setup is not None:
+        case.setup(tmp_path)
+    db = tmp_path / "tuner.db"
+    before = _rows(db)
+
+    with _write_lock_held(db) if case.locked else contextlib.nullcontext():
+        result = _run(_expand(case.argv, tmp_path), tmp_path, dict(case.env))
+
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert case.says in lines[0], lines[0]
+    assert result.returncode == case.exit_code, result.stderr
+    assert "s3cret" not in result.stderr
+    assert _rows(db) in (before, [] if before is None else before), "the database changed"
+
+
+@dataclass(frozen=True)
+class Failing:
+    """A workload that loads, whose trials fail: the trial's recorded error says why."""
+
+    id: str
+    objective: str
+    error: str
+
+
+FAILING = [
+    Failing("step-raises", f"{W}:raising_step", "RuntimeError: loss is NaN at step 1"),
+    Failing("dataset-raises", f"{W}:raising", "OSError: cannot read sample"),
+    Failing("batch-without-tensors", f"{W}:not_tensors", "holds no tensor"),
+    Failing("no-batch-in-an-epoch", f"{W}:no_batch", "yields no batch in an epoch"),
+]
+
+
+@pytest.mark.parametrize("case", FAILING, ids=[case.id for case in FAILING])
+def test_a_failing_workload_fails_its_trials_and_the_study_goes_on(
+    case: Failing, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    argv = _expand(study("--objective", case.objective, "--n-trials", "3"), tmp_path)
+
+    result = _run(argv, tmp_path, {})
+
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "no trial completed" in last and case.error in last, last
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    (summary,) = optuna.get_all_study_summaries(url)
+    trials = optuna.load_study(study_name=summary.study_name, storage=url).trials
+    assert len(trials) == 3  # the study went on after the first failure
+    for trial in trials:
+        assert trial.state == optuna.trial.TrialState.FAIL
+        assert case.error in trial.user_attrs["error"], trial.user_attrs
