@@ -11,6 +11,8 @@ __all__ = [
     "MEMORY_REASONS",
     "METRIC_NAME",
     "REMEASURED_ATTR",
+    "STEP_CPU_ATTR",
+    "STEP_RATES_ATTR",
     "is_memory_reason",
     "objective_label",
     "study_name",
@@ -20,9 +22,13 @@ BASELINE_PYTORCH_DEFAULT = "pytorch-default"
 BASELINE_RULE_OF_THUMB = "rule-of-thumb"
 METRIC_NAME = "samples_per_sec"
 REMEASURED_ATTR = "remeasured_samples_per_sec"
+"""Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""
 CEILING_ATTR = "ceiling_samples_per_sec"
 """Study user attr: the step alone on prepared data, the most any DataLoader setting can reach."""
-"""Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""
+STEP_RATES_ATTR = "step_samples_per_sec"
+"""Ceiling child result: threads -> batch -> the step's samples/sec (the profile keeps it)."""
+STEP_CPU_ATTR = "step_cpu_s_per_sample"
+"""Ceiling child result: threads -> batch -> the step's CPU seconds per sample."""
 
 MEMORY_REASONS = ("memory_guard:", "cuda_oom", "host_oom", "shm_full", "trial_killed: SIGKILL")
 """Pruned reasons that mean "this setting does not fit": the wall later trials stay below."""

@@ -21,6 +21,8 @@ from tuner._naming import is_memory_reason
 from tuner.insight._diagnosis import diagnose
 from tuner.insight._summary import efficiency
 from tuner.machine._gpu import GpuReader
+from tuner.pipeline import PipelineModel
+from tuner.run._pipeline import model_attrs
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
 from tuner.trial._artifacts import upload_trial_csv
@@ -113,6 +115,7 @@ class TrialRunner:
     gpu_index: int | None = None
     artifact_store: FileSystemArtifactStore | None = None
     ceiling: float | None = None
+    model: PipelineModel | None = None
 
     def job(self, settings: LoaderSettings) -> dict[str, Any]:
         return {
@@ -190,6 +193,7 @@ class TrialRunner:
         share = efficiency(throughput, self.ceiling)
         if share is not None:
             attrs["efficiency"] = share
+        attrs.update(model_attrs(self.model, settings, throughput))
         diagnosis = diagnose(attrs, outcome.reason, self.supervisor.guard.limits)
         if diagnosis is not None:
             attrs.update(diagnosis.to_attrs())

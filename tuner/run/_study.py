@@ -26,13 +26,15 @@ from tqdm import tqdm
 from objectives import Workload, load_workload
 from storage import mask_url, open_storage, storage_lock, with_retry
 from tuner import __version__
-from tuner._naming import CEILING_ATTR, METRIC_NAME, study_name
+from tuner._naming import CEILING_ATTR, METRIC_NAME, STEP_CPU_ATTR, STEP_RATES_ATTR, study_name
 from tuner.fleet._heartbeat import heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight._note import save_study_note
 from tuner.insight._summary import print_summary, remeasured
 from tuner.machine import _hardware
 from tuner.machine._gpu import GpuReader, open_gpu_reader
+from tuner.pipeline import PipelineModel
+from tuner.run import _pipeline
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling
 from tuner.run._probe import probe_max_batch
 from tuner.run._remeasure import final_candidates, remeasure
@@ -298,7 +300,48 @@ def _ceiling(prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner) 
         if CEILING_ATTR in attrs:
             return float(attrs[CEILING_ATTR])
         study.set_user_attr(CEILING_ATTR, ceiling)
+        _store_step_rates(study, outcome.attrs)
     return ceiling
+
+
+def _store_step_rates(study: optuna.Study, attrs: dict[str, Any]) -> None:
+    """The step's rate per batch and thread count, for the pipeline profile (measured once)."""
+    for key in (STEP_RATES_ATTR, STEP_CPU_ATTR):
+        if key in attrs:
+            study.set_user_attr(key, attrs[key])
+
+
+def _pipeline_model(
+    prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner
+) -> PipelineModel | None:
+    """Profile the pipeline (once per study), set the worker range from it, build the model."""
+    space, config = prepared.space, prepared.config
+    settings = space.settings(
+        0,
+        space.clamp_batch(prepared.workload.default_batch_size),
+        None,
+        False,
+        False,
+        1,
+        prepared.workload.default_knobs,
+    )
+    profile = _pipeline.profile_pipeline(
+        study,
+        config.storage,
+        prepared.study_name,
+        runner.supervisor,
+        runner.job(settings),
+        float(prepared.fingerprint.usable_cpus),
+        space.batch_choices(),
+        _trial_deadline(config),
+    )
+    if profile is None:
+        return None
+    host_limit = prepared.limits.host_bytes
+    prepared.space = runner.space = _pipeline.model_space(
+        study, config.storage, prepared.study_name, space, profile, host_limit
+    )
+    return PipelineModel.build(profile, prepared.space, host_limit)
 
 
 CEILING_WINDOW_S = 0.3
@@ -363,11 +406,14 @@ N_STARTUP_TRIALS = 6
 """The samplers' random start; with the baselines, the trials before the study may stop early."""
 
 
-SAMPLERS = ("gp", "tpe", "random")
+SAMPLERS = ("gp", "tpe", "random", "model")
+MODEL_STRATEGY = "model"
+"""``--sampler model``: the pipeline model's best and neighbours first, then ``gp``, stopping once
+the best is near the bound or the model's pick held."""
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    """The sampler ``--sampler name`` runs: ``gp``, ``tpe`` or ``random``."""
+    """The sampler ``--sampler name`` runs: ``gp`` (also under ``model``), ``tpe`` or ``random``."""
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():
@@ -393,7 +439,7 @@ def make_pruner(sampler: str) -> optuna.pruners.BasePruner:
     so a stopped trial would teach it nothing and leave the region open to be proposed again
     (replayed on measured grids, ``bench.replay``: ``gp`` unpruned found the top more often than
     ``tpe`` pruned or unpruned). TPE learns from stopped trials, so ``tpe`` keeps the pruner."""
-    if sampler == "gp":
+    if sampler in ("gp", MODEL_STRATEGY):
         return optuna.pruners.NopPruner()
     return BelowBestPruner()
 
@@ -438,8 +484,10 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
     prepared.space = dataclasses.replace(prepared.space, max_batch=max_batch)
     runner = _runner(prepared, supervisor, gpu)
     runner.ceiling = _ceiling(prepared, study, runner)
+    runner.model = _pipeline_model(prepared, study, runner)
     with storage_lock(config.storage, prepared.study_name):
         if enqueue_baselines(study, prepared.space, prepared.fingerprint.physical_cores):
+            _seed_from_model(study, prepared, runner.model, out)
             sources = enqueue_warm_start(study, config.objective, prepared.profile, prepared.space)
             if sources:
                 print(f"warm start from {', '.join(sources)}", file=out)
@@ -492,7 +540,10 @@ def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
                 _postfix(study, trial.number, outcome.state, outcome.reason), refresh=False
             )
             bar.update()
-            stop = _stop_near_ceiling(study, runner, config)
+            _grow_space(study, prepared, runner, out)
+            stop = _stop_near_ceiling(study, runner, config) or _stop_near_bound(
+                study, runner, config
+            )
             if stop is not None:
                 bar.close()
                 print(stop, file=out)
@@ -526,6 +577,55 @@ def _stop_near_ceiling(study: optuna.Study, runner: TrialRunner, config: StudyCo
         rounds = max(2, config.remeasure_rounds)
         remeasure(study, runner, [candidate], rounds, config.storage, sys.stderr, False)
     return with_retry(lambda: ceiling_stop_message(study, min_trials), "reading the best")
+
+
+def _seed_from_model(
+    study: optuna.Study, prepared: PreparedStudy, model: PipelineModel | None, out: TextIO
+) -> None:
+    """Under ``--sampler model``: the model's best and neighbours right after the baselines."""
+    if model is None or prepared.config.sampler != MODEL_STRATEGY:
+        return
+    count = _pipeline.enqueue_model_seeds(study, prepared.space, model)
+    print(
+        f"model: bound {model.bound:,.0f} samples/s; {count} seeds from its predicted best "
+        f"({model.predict(model.best):,.0f} samples/s predicted)",
+        file=out,
+    )
+
+
+def _stop_near_bound(study: optuna.Study, runner: TrialRunner, config: StudyConfig) -> str | None:
+    """Under ``--sampler model``: stop once the re-measured best is near the bound or the
+    model's seeded best held; the candidate is re-measured first, as near the ceiling."""
+    model = runner.model
+    if model is None or config.sampler != MODEL_STRATEGY:
+        return None
+    candidate = with_retry(lambda: _pipeline.bound_stop_candidate(study, model), "reading the best")
+    if candidate is not None and candidate.number not in remeasured(study):
+        rounds = max(2, config.remeasure_rounds)
+        remeasure(study, runner, [candidate], rounds, config.storage, sys.stderr, False)
+    return with_retry(lambda: _pipeline.bound_stop_message(study, model), "reading the best")
+
+
+def _grow_space(
+    study: optuna.Study, prepared: PreparedStudy, runner: TrialRunner, out: TextIO
+) -> None:
+    """Widen the worker range when the best sits at its edge waiting for data, CPUs idle."""
+    if runner.model is None:
+        return
+    grown = with_retry(
+        lambda: _pipeline.grow_worker_range(
+            study,
+            prepared.config.storage,
+            prepared.study_name,
+            prepared.space,
+            runner.model.profile,
+            prepared.limits.host_bytes,
+        ),
+        "growing the space",
+    )
+    if grown is not None:
+        prepared.space = runner.space = grown
+        print(f"num_workers range grown to 0..{grown.max_workers}", file=out)
 
 
 def _postfix(study: optuna.Study, number: int, state: str, reason: str | None) -> str:

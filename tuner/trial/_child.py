@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 from objectives import Workload, load_workload
-from tuner._naming import CEILING_ATTR
+from tuner._naming import CEILING_ATTR, STEP_CPU_ATTR, STEP_RATES_ATTR
 from tuner.search._settings import LoaderSettings
-from tuner.trial._ceiling import measure_ceiling
+from tuner.trial._ceiling import measure_step_rates
 from tuner.trial._measure import measure, synchronize
 from tuner.trial._outcome import classify_error, one_line
+from tuner.trial._pipeline import measure_pipeline
 
 __all__ = ["run_child"]
 
@@ -105,7 +106,7 @@ def _probe(conn: Connection, job: dict[str, Any]) -> None:
 def _ceiling(conn: Connection, job: dict[str, Any]) -> None:
     """The step alone on one prepared batch: what no DataLoader setting can beat."""
     settings = LoaderSettings.from_attrs(job["settings"])
-    rate = measure_ceiling(
+    steps = measure_step_rates(
         _workload(job, settings),
         settings,
         torch.device(job["device"]),
@@ -115,10 +116,33 @@ def _ceiling(conn: Connection, job: dict[str, Any]) -> None:
         threads=job.get("threads"),
         seed=job.get("seed", 0),
     )
-    conn.send({"kind": "result", "attrs": {CEILING_ATTR: rate}})
+    attrs = {
+        CEILING_ATTR: steps.ceiling,
+        STEP_RATES_ATTR: _text_keys(steps.rates),
+        STEP_CPU_ATTR: _text_keys(steps.cpu_s),
+    }
+    conn.send({"kind": "result", "attrs": attrs})
 
 
-_MODES = {"measure": _measure, "probe": _probe, "ceiling": _ceiling}
+def _text_keys(table: dict[int, dict[int, float]]) -> dict[str, dict[str, float]]:
+    return {str(t): {str(b): v for b, v in row.items()} for t, row in table.items()}
+
+
+def _pipeline(conn: Connection, job: dict[str, Any]) -> None:
+    """The pipeline profile's measured part: fetch, collate, IPC, transfer, worker memory."""
+    settings = LoaderSettings.from_attrs(job["settings"])
+    attrs = measure_pipeline(
+        _workload(job, settings),
+        settings.batch,
+        torch.device(job["device"]),
+        batches=job["batches"],
+        seed=job.get("seed", 0),
+        budget_s=job["budget_s"],
+    )
+    conn.send({"kind": "result", "attrs": attrs})
+
+
+_MODES = {"measure": _measure, "probe": _probe, "ceiling": _ceiling, "pipeline": _pipeline}
 
 
 def run_child(conn: Connection, job: dict[str, Any], supervisor_pid: int) -> None:
