@@ -7,6 +7,7 @@ from pathlib import Path
 __all__ = [
     "BASELINE_PYTORCH_DEFAULT",
     "BASELINE_RULE_OF_THUMB",
+    "BOUND_ATTR",
     "CEILING_ATTR",
     "MEMORY_REASONS",
     "METRIC_NAME",
@@ -25,6 +26,8 @@ REMEASURED_ATTR = "remeasured_samples_per_sec"
 """Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""
 CEILING_ATTR = "ceiling_samples_per_sec"
 """Study user attr: the step alone on prepared data, the most any DataLoader setting can reach."""
+BOUND_ATTR = "bound_samples_per_sec"
+"""Study user attr: the pipeline model's bound, the most this machine can deliver."""
 STEP_RATES_ATTR = "step_samples_per_sec"
 """Ceiling child result: threads -> batch -> the step's samples/sec (the profile keeps it)."""
 STEP_CPU_ATTR = "step_cpu_s_per_sample"

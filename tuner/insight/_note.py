@@ -2,8 +2,9 @@
 
 Rewritten whole at the end of each worker's run (``save_study_note``), so it always describes
 the study as the database holds it, whichever worker wrote last: the best setting, its
-throughput, its efficiency against the ceiling, the speedup over both baselines, its diagnosis,
-the machines that contributed, and a ready ``DataLoader(...)`` snippet.
+throughput, its efficiency against the ceiling and the pipeline model's bound, the speedup over
+both baselines, its diagnosis, the pipeline profile and the model's error, the machines that
+contributed, and a ready ``DataLoader(...)`` snippet.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from storage import with_retry
 from tuner._naming import CEILING_ATTR
 from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._snippet import dataloader_snippet, extra_settings
 from tuner.insight._summary import best_trial, efficiency, remeasured, speedups, trial_throughput
 from tuner.search._settings import LoaderSettings
@@ -59,6 +61,22 @@ def _machines(trials: list[FrozenTrial]) -> list[str]:
     return _table(["host", "profile", "CPUs", "RAM", "GPUs", "trials"], rows)
 
 
+def _pipeline_section(study: optuna.Study, trials: list[FrozenTrial]) -> list[str]:
+    """The profile and how far the model's predictions were from the measured trials."""
+    profile = stored_profile(study.user_attrs)
+    if profile is None:
+        return []
+    lines = ["## Pipeline", "", profile_line(profile)[:1].upper() + profile_line(profile)[1:] + "."]
+    error = model_error(trials)
+    if error is not None:
+        lines += [
+            "",
+            f"The model's median error: {error[0]:.0%} over {error[1]} measured trials "
+            "(each trial's `predicted_samples_per_sec` beside its `samples_per_sec`).",
+        ]
+    return [*lines, ""]
+
+
 def study_note(study: optuna.Study) -> str:
     """The study's Markdown note, from what the database holds now."""
     trials = study.get_trials(deepcopy=False)
@@ -87,6 +105,12 @@ def study_note(study: optuna.Study) -> str:
             f", **{share:.0%} of the ceiling** ({float(ceiling):,.1f} samples/s: the step alone, "
             "with data already on the device)"
         )
+    bound = bound_of(study.user_attrs)
+    if bound:
+        headline += (
+            f", **{throughput / bound:.0%} of the bound** ({bound:,.1f} samples/s: the most the "
+            "pipeline model allows on this machine)"
+        )
     lines += [headline, ""]
     ratios = speedups(study, best)
     if ratios:
@@ -109,6 +133,7 @@ def study_note(study: optuna.Study) -> str:
     }
     lines += _table(["parameter", "value"], [[key, value] for key, value in parameters.items()])
     lines += ["", "```python", dataloader_snippet(settings, batch_param), "```", ""]
+    lines += _pipeline_section(study, trials)
     lines += ["## Machines", ""]
     finished = [t for t in trials if t.state != TrialState.RUNNING]
     lines += _machines(finished)

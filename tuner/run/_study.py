@@ -26,7 +26,14 @@ from tqdm import tqdm
 from objectives import Workload, load_workload
 from storage import mask_url, open_storage, storage_lock, with_retry
 from tuner import __version__
-from tuner._naming import CEILING_ATTR, METRIC_NAME, STEP_CPU_ATTR, STEP_RATES_ATTR, study_name
+from tuner._naming import (
+    BOUND_ATTR,
+    CEILING_ATTR,
+    METRIC_NAME,
+    STEP_CPU_ATTR,
+    STEP_RATES_ATTR,
+    study_name,
+)
 from tuner.fleet._heartbeat import heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight._note import save_study_note
@@ -341,7 +348,11 @@ def _pipeline_model(
     prepared.space = runner.space = _pipeline.model_space(
         study, config.storage, prepared.study_name, space, profile, host_limit
     )
-    return PipelineModel.build(profile, prepared.space, host_limit)
+    model = PipelineModel.build(profile, prepared.space, host_limit)
+    if BOUND_ATTR not in study.user_attrs:
+        with storage_lock(config.storage, prepared.study_name):
+            study.set_user_attr(BOUND_ATTR, model.bound)
+    return model
 
 
 CEILING_WINDOW_S = 0.3
