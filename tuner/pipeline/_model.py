@@ -32,7 +32,7 @@ from typing import Any
 
 from tuner.pipeline._profile import PipelineProfile, RateTable
 from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
+from tuner.search._space import MAX_WORKERS, SearchSpace
 
 __all__ = [
     "HARD_MAX_WORKERS",
@@ -51,7 +51,7 @@ OVERSUBSCRIBED_STEP_FACTOR = 0.69
 """Measured on the 2-core machine (image, w3 b32): 214 samples/s with two intra-op threads
 against 310 with one, while the workers held the cores."""
 
-HARD_MAX_WORKERS = 256
+HARD_MAX_WORKERS = MAX_WORKERS
 """No space goes beyond this many workers, whatever the model says (process-table sanity)."""
 
 MEMORY_SHARE = 0.5
