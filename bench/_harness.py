@@ -103,6 +103,24 @@ def _text_grid(space: SearchSpace) -> list[LoaderSettings]:
     return _grid(space, [b for b in space.batch_choices() if b <= 32768], [{}])
 
 
+STORAGE_WORKERS = (0, 1, 2, 4, 8, 16, 32, 48, 64)
+"""Far enough past the cores to hold the optimum of samples that wait 8 ms each (the issue's
+plain-PyTorch harness measured it near 32 workers on 2 cores)."""
+
+
+def _storage_grid(space: SearchSpace) -> list[LoaderSettings]:
+    """Workers 0..64 at batch 16..128, one intra-op thread, prefetch 2, persistent: 36 settings.
+
+    The step is a small MLP, so threads change little; the loader is everything.
+    """
+    batches = [b for b in space.batch_choices() if 16 <= b <= 128]
+    return [
+        space.settings(workers, batch, 2 if workers else None, workers > 0, False, 1, {})
+        for workers in STORAGE_WORKERS
+        for batch in batches
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchWorkload:
     """A built-in workload at a size where one measurement takes a few seconds on a small box."""
@@ -131,6 +149,13 @@ WORKLOADS: dict[str, BenchWorkload] = {
         options={"sequences": 2048, "vocab_size": 1024, "max_length": 256},
         grid=_text_grid,
         typical=lambda space: space.settings(1, 4096, 2, True, False, 1, {}),
+    ),
+    "storage": BenchWorkload(
+        name="storage",
+        objective="storage",
+        options={"samples": 4096, "latency_ms": 8},
+        grid=_storage_grid,
+        typical=lambda space: space.settings(16, 32, 2, True, False, 1, {}),
     ),
 }
 

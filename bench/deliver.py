@@ -201,7 +201,7 @@ def _study(name: str, storage: str, args: argparse.Namespace) -> BestSetting:
 
 
 def _harness(name: str, storage: str, args: argparse.Namespace) -> Harness:
-    from tuner.run._study import StudyConfig, prepare
+    from tuner.run import StudyConfig, prepare
 
     objective, options = WORKLOADS[name]
     config = StudyConfig(

@@ -11,6 +11,8 @@ both tools tune one workload:
 * image: the built-in image dataset with its default collate (float samples normalised in the
   workers; loadtune has no collate knob), the same small CNN, SGD (lr 0.01, momentum 0.9) and
   cross entropy as ``objectives.image.ImageClassifierStep``.
+* storage: the built-in storage dataset (each sample waits on storage), the same MLP, SGD
+  (lr 0.01, momentum 0.9) and cross entropy as ``objectives.storage.MlpStep``.
 * text: loadtune can only batch by a sample count, while the text workload batches by a token
   budget (a token-bucket batch sampler). So each sample here is one whole bucket of the tuner's
   default ``max_tokens`` (the sampler's epoch-0 batches), loaded with ``batch_size=1`` and
@@ -35,6 +37,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from objectives.image import NUM_CLASSES, _network, image_workload
+from objectives.storage import MlpStep, storage_workload
 from objectives.text import (
     PAD_TOKEN,
     TinyLanguageModel,
@@ -130,12 +133,39 @@ def _text() -> Workload:
     )
 
 
-_FACTORIES = {"image": _image, "text": _text}
+def _storage_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, device: torch.device
+) -> torch.Tensor:
+    features, labels = batch
+    loss = F.cross_entropy(model(features.to(device)), labels.to(device))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def _storage() -> Workload:
+    options = _options()
+    defaults = inspect.signature(storage_workload).parameters
+    features = int(options.get("features", defaults["features"].default))
+    hidden = int(options.get("hidden", defaults["hidden"].default))
+    return Workload(
+        name="storage",
+        make_dataset=lambda: storage_workload(**options).dataset,
+        make_model=lambda: MlpStep(features, hidden, torch.device("cpu")).network,
+        train_step=_storage_step,
+        make_optimizer=_sgd,
+        default_batch_size=storage_workload(**options).default_batch_size,
+        description="the tuner's storage workload (samples that wait on storage, an MLP)",
+    )
+
+
+_FACTORIES = {"image": _image, "text": _text, "storage": _storage}
 
 
 def get_workload() -> Workload:
-    """loadtune's entry point; ``$BENCH_LOADTUNE_WORKLOAD`` picks image or text."""
+    """loadtune's entry point; ``$BENCH_LOADTUNE_WORKLOAD`` picks image, text or storage."""
     name = os.environ.get("BENCH_LOADTUNE_WORKLOAD", "image")
     if name not in _FACTORIES:
-        raise ValueError(f"BENCH_LOADTUNE_WORKLOAD must be image or text, got {name!r}")
+        raise ValueError(f"BENCH_LOADTUNE_WORKLOAD must be one of {', '.join(_FACTORIES)}")
     return _FACTORIES[name]()

@@ -55,6 +55,7 @@ from bench._harness import (
 )
 from tuner._attrs import trial_settings
 from tuner.insight._summary import best_trial
+from tuner.run import SAMPLERS
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
 
@@ -145,23 +146,24 @@ def tuner_picks(
     n_trials: int,
     window_s: float,
     warmup_s: float,
+    strategy: str = DEFAULT_STRATEGY,
 ) -> list[tuple[str, LoaderSettings, float, int, float]]:
-    """(label, setting, wall s, trials, found at s) of the tuner's default strategy."""
+    """(label, setting, wall s, trials, found at s) of the tuner's ``strategy``."""
     if from_search:
         results = json.loads((Path(from_search) / f"search-{workload.name}.json").read_text())
         picks = [
             (
-                f"tuner ({DEFAULT_STRATEGY} seed {p['seed']})",
+                f"tuner ({strategy} seed {p['seed']})",
                 LoaderSettings.from_attrs(p["settings"]),
                 float(p["wall_s"]),
                 int(p.get("trials", n_trials)),  # fewer when the study stopped on its own
                 float(p["found_after_s"]),
             )
             for p in results["picks"]
-            if p["strategy"] == DEFAULT_STRATEGY and p["budget"] == n_trials
+            if p["strategy"] == strategy and p["budget"] == n_trials
         ]
         if not picks:
-            raise SystemExit(f"{from_search}: no {DEFAULT_STRATEGY} pick at {n_trials} trials")
+            raise SystemExit(f"{from_search}: no {strategy} pick at {n_trials} trials")
         return picks
     config = study_config(
         workload,
@@ -170,6 +172,7 @@ def tuner_picks(
         warmup_s,
         n_trials=n_trials,
         seed=0,
+        sampler=strategy,
     )
     timed = run_timed_study(config)
     best = best_trial(timed.result.study)
@@ -178,7 +181,8 @@ def tuner_picks(
     settings = trial_settings(best)
     assert best.datetime_complete is not None
     found_s = best.datetime_complete.timestamp() - timed.started_at
-    return [(f"tuner ({DEFAULT_STRATEGY} seed 0)", settings, timed.wall_s, n_trials, found_s)]
+    trials = len(timed.trial_numbers)  # fewer than n_trials when the study stopped on its own
+    return [(f"tuner ({strategy} seed 0)", settings, timed.wall_s, trials, found_s)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,6 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="image")
     parser.add_argument("--n-trials", type=int, default=20, help="the tuner's budget (20)")
     parser.add_argument("--from-search", help="reuse bench.search's results in this folder")
+    parser.add_argument(
+        "--strategy", choices=SAMPLERS, default=DEFAULT_STRATEGY, help="the tuner's --sampler"
+    )
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, help="seconds (1.5)")
     parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, help="seconds (0.5)")
     parser.add_argument("--rounds", type=int, default=5, help="side-by-side rounds (default 5)")
@@ -221,7 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" recommends {describe(peer, batch_param)}",
         flush=True,
     )
-    ours = tuner_picks(workload, folder, args.from_search, args.n_trials, args.window, args.warmup)
+    ours = tuner_picks(
+        workload, folder, args.from_search, args.n_trials, args.window, args.warmup, args.strategy
+    )
 
     entries: list[tuple[str, LoaderSettings, float | None, int | None, float | None]] = [
         ("loadtune 0.3.0", peer, loadtune_wall_s, loadtune_trials, loadtune_wall_s),

@@ -63,6 +63,7 @@ from bench._harness import (
 )
 from tuner._attrs import trial_settings
 from tuner.insight._summary import best_trial
+from tuner.pipeline import PipelineModel, stored_profile
 from tuner.run import SAMPLERS
 from tuner.search._settings import LoaderSettings
 
@@ -141,7 +142,7 @@ def run_chain(
     budgets: Sequence[int],
     window_s: float,
     warmup_s: float,
-) -> tuple[list[Pick], optuna.Study]:
+) -> tuple[list[Pick], optuna.Study, list[dict[str, Any]]]:
     """One study resumed up to each budget in turn; the pick and its equivalent wall per budget.
 
     Every stage passes the same ``--seed``: the tuner moves a resumed study's seed on by the
@@ -202,7 +203,18 @@ def run_chain(
             ]
             break
     assert study is not None
-    return picks, study
+    trajectory = []
+    for trial in study.get_trials(deepcopy=False, states=FINISHED):
+        if trial.number in offset_of and trial.datetime_complete is not None:
+            stage_run, offset_s = offset_of[trial.number]
+            trajectory.append(
+                {
+                    "number": trial.number,
+                    "value": trial.value if trial.state == TrialState.COMPLETE else None,
+                    "at_s": offset_s + trial.datetime_complete.timestamp() - stage_run.started_at,
+                }
+            )
+    return picks, study, trajectory
 
 
 def workload_batch_param(workload: BenchWorkload) -> str:
@@ -279,13 +291,18 @@ def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
     picks: list[Pick] = []
     pruning: list[PruningStats] = []
+    trajectories: dict[str, list[dict[str, Any]]] = {}
+    profiled: optuna.Study | None = None
     for strategy in strategies:
         for seed in range(args.seeds):
-            chain_picks, study = run_chain(
+            chain_picks, study, trajectory = run_chain(
                 workload, folder, strategy, seed, budgets, args.window, args.warmup
             )
             picks += chain_picks
             pruning.append(pruning_stats(f"{strategy} seed {seed}", study))
+            trajectories[f"{strategy} seed {seed}"] = trajectory
+            if profiled is None and stored_profile(study.user_attrs) is not None:
+                profiled = study
 
     # One pool, each distinct setting measured once per round under every label it carries.
     pool: dict[str, tuple[LoaderSettings, list[str]]] = {}
@@ -333,6 +350,8 @@ def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "rounds": args.rounds,
         "budgets": budgets,
         "strategies": strategies,
+        "trajectories": trajectories,
+        "model": model_on_grid(profiled, prepared, points),
         "baselines": list(baselines),
         "grid": {
             "wall_s": grid_wall_s,
@@ -380,6 +399,25 @@ def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             }
             for stats in pruning
         ],
+    }
+
+
+def model_on_grid(
+    study: optuna.Study | None, prepared: Any, points: Sequence[GridPoint]
+) -> dict[str, Any] | None:
+    """The pipeline model of a tuner study (its stored profile) against every grid point."""
+    if study is None:
+        return None
+    profile = stored_profile(study.user_attrs)
+    assert profile is not None
+    widest = max(p.settings.num_workers for p in points)
+    space = dataclasses.replace(prepared.space, max_workers=max(widest, prepared.space.max_workers))
+    model = PipelineModel.build(profile, space, prepared.limits.host_bytes)
+    return {
+        "profile": profile.to_attrs(),
+        "bound": model.bound,
+        "predicted_best": model.best.to_attrs(),
+        "predictions": [model.predict(p.settings) for p in points],
     }
 
 
@@ -546,6 +584,9 @@ def report(results: dict[str, Any]) -> None:
             f" quality {'met' if quality else 'not met'}, wall {'met' if wall else 'not met'}"
         )
 
+    report_reach(results, optimum)
+    report_model(results, optimum, label_of)
+
     print(f"\n## {name}: against the baselines\n")
     rows = []
     optimum_label = optimum_entry["labels"][0]
@@ -619,6 +660,83 @@ def report(results: dict[str, Any]) -> None:
     print("- pruned trials whose setting is the optimum or a pick at some budget:")
     for line in cut or ["none"]:
         print(f"  - {line}")
+
+
+def report_reach(results: dict[str, Any], optimum: float | None) -> None:
+    """Per study: the trials and the wall time until a trial's window reached 95% of the optimum
+    (the optimum re-measured side by side; the trial by its own window)."""
+    trajectories = results.get("trajectories") or {}
+    if not trajectories or not optimum:
+        return
+    print(
+        f"\n## {results['workload']['name']}: trials and wall to {GOAL_FRACTION:.0%}"
+        " of the optimum\n"
+    )
+    rows = []
+    for chain, trajectory in trajectories.items():
+        reached = next(
+            (
+                (index, point)
+                for index, point in enumerate(trajectory, start=1)
+                if (point["value"] or 0.0) >= GOAL_FRACTION * optimum
+            ),
+            None,
+        )
+        best = max((p["value"] or 0.0 for p in trajectory), default=0.0)
+        if reached is None:
+            rows.append([chain, "not reached", "-", f"{best / optimum:.1%}", len(trajectory)])
+        else:
+            index, point = reached
+            rows.append(
+                [chain, index, f"{point['at_s']:.0f}", f"{best / optimum:.1%}", len(trajectory)]
+            )
+    headers = ["study", "trials to reach", "wall s", "best window / optimum", "trials run"]
+    print(markdown_table(headers, rows))
+
+
+def report_model(results: dict[str, Any], optimum: float | None, label_of: Any) -> None:
+    """The pipeline model against the grid's own windows: error, ranks, the bound."""
+    model = results.get("model")
+    if not model:
+        return
+    points = results["grid"]["points"]
+    pairs = [
+        (p, predicted)
+        for p, predicted in zip(points, model["predictions"], strict=True)
+        if p["samples_per_sec"]
+    ]
+    errors = [abs(pred - p["samples_per_sec"]) / p["samples_per_sec"] for p, pred in pairs]
+    by_measured = sorted(range(len(pairs)), key=lambda i: -pairs[i][0]["samples_per_sec"])
+    by_model = sorted(range(len(pairs)), key=lambda i: -pairs[i][1])
+    top_rank_in_model = by_model.index(by_measured[0]) + 1
+    model_top_rank = by_measured.index(by_model[0]) + 1
+    best = pairs[by_model[0]][0]
+    print(f"\n## {results['workload']['name']}: the pipeline model on the grid\n")
+    rows = [
+        ["grid settings compared", len(pairs)],
+        ["median absolute error", f"{statistics.median(errors):.1%}"],
+        ["grid's top (by its window) ranked by the model", f"#{top_rank_in_model}"],
+        [
+            "model's top ranked by the grid",
+            f"#{model_top_rank} ({label_of(best['settings'])},"
+            f" {best['samples_per_sec']:,.0f} samples/s in its window)",
+        ],
+        ["bound", f"{model['bound']:,.0f} samples/s"],
+        [
+            "optimum / bound",
+            f"{optimum / model['bound']:.1%}" if optimum and model["bound"] else "-",
+        ],
+        ["model's predicted best in the tuner's space", label_of(model["predicted_best"])],
+    ]
+    print(markdown_table(["", ""], rows))
+    by_workers: dict[int, list[float]] = {}
+    for p, pred in pairs:
+        workers = p["settings"]["num_workers"]
+        by_workers.setdefault(workers, []).append(pred / p["samples_per_sec"])
+    print(
+        "\npredicted / measured, median per num_workers: "
+        + ", ".join(f"w{w} {statistics.median(v):.2f}" for w, v in sorted(by_workers.items()))
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """Workloads: what a tuning trial loads and trains on.
 
 A workload is a dataset plus the training step that consumes it (:class:`Workload`). The
-built-ins, ``image`` and ``text``, need only torch and Pillow; user workloads are loaded from
-``package.module:attr`` or ``path/to/file.py:attr`` by :func:`load_workload`.
+built-ins, ``image``, ``text`` and ``storage``, need only torch and Pillow; user workloads are
+loaded from ``package.module:attr`` or ``path/to/file.py:attr`` by :func:`load_workload`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from objectives._loading import BUILTIN_WORKLOADS, WorkloadError, load_workload
 from objectives._workload import TrainStep, Workload, move_to_device
 from objectives.image import image_workload
+from objectives.storage import storage_workload
 from objectives.text import text_workload
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "image_workload",
     "load_workload",
     "move_to_device",
+    "storage_workload",
     "text_workload",
 ]

@@ -1,6 +1,7 @@
 """Turning a ``--workload`` spec into a :class:`Workload`, with one-line errors.
 
-Specs: a built-in name (``image``, ``text``), ``package.module:attr``, or ``path/to/file.py:attr``.
+Specs: a built-in name (``image``, ``text``, ``storage``), ``package.module:attr``, or
+``path/to/file.py:attr``.
 A file is imported under its own module stem with its folder first on ``sys.path``: DataLoader
 workers started with ``spawn`` copy the parent's ``sys.path`` and unpickle the dataset by module
 name, so the name must be one they can import again.
@@ -18,6 +19,7 @@ from typing import Any
 
 from objectives._workload import Workload
 from objectives.image import image_workload
+from objectives.storage import storage_workload
 from objectives.text import text_workload
 
 __all__ = ["BUILTIN_WORKLOADS", "WorkloadError", "load_workload"]
@@ -25,6 +27,7 @@ __all__ = ["BUILTIN_WORKLOADS", "WorkloadError", "load_workload"]
 BUILTIN_WORKLOADS: dict[str, Callable[..., Workload]] = {
     "image": image_workload,
     "text": text_workload,
+    "storage": storage_workload,
 }
 
 

@@ -45,7 +45,8 @@ def add_common(parser: argparse.ArgumentParser, objective: bool = True) -> None:
         parser.add_argument(
             "--objective",
             default="image",
-            help="image, text, pkg.module:attr or file.py:attr (user code: it is imported and run)",
+            help="image, text, storage, pkg.module:attr or file.py:attr "
+            "(user code: it is imported and run)",
         )
     parser.add_argument(
         "--storage",

@@ -7,11 +7,14 @@ from pathlib import Path
 __all__ = [
     "BASELINE_PYTORCH_DEFAULT",
     "BASELINE_RULE_OF_THUMB",
+    "BOUND_ATTR",
     "CEILING_ATTR",
     "MEMORY_REASONS",
     "METRIC_NAME",
     "REMEASURED_ATTR",
     "SETTINGS_ATTR",
+    "STEP_CPU_ATTR",
+    "STEP_RATES_ATTR",
     "is_memory_reason",
     "objective_label",
     "study_name",
@@ -23,9 +26,15 @@ METRIC_NAME = "samples_per_sec"
 REMEASURED_ATTR = "remeasured_samples_per_sec"
 SETTINGS_ATTR = "settings"
 """Trial user attr: the complete setting it measured; read and written through tuner._attrs."""
+"""Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""
 CEILING_ATTR = "ceiling_samples_per_sec"
 """Study user attr: the step alone on prepared data, the most any DataLoader setting can reach."""
-"""Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""
+BOUND_ATTR = "bound_samples_per_sec"
+"""Study user attr: the pipeline model's bound, the most this machine can deliver."""
+STEP_RATES_ATTR = "step_samples_per_sec"
+"""Ceiling child result: threads -> batch -> the step's samples/sec (the profile keeps it)."""
+STEP_CPU_ATTR = "step_cpu_s_per_sample"
+"""Ceiling child result: threads -> batch -> the step's CPU seconds per sample."""
 
 MEMORY_REASONS = ("memory_guard:", "cuda_oom", "host_oom", "shm_full", "trial_killed: SIGKILL")
 """Pruned reasons that mean "this setting does not fit": the wall later trials stay below."""

@@ -136,10 +136,18 @@ def parser() -> argparse.ArgumentParser:
     workload.add_argument(
         "--sequences", type=int, default=None, help="text: how many token sequences"
     )
+    workload.add_argument("--samples", type=int, default=None, help="storage: how many samples")
+    workload.add_argument(
+        "--latency-ms", type=int, default=None, help="storage: each sample's wait (default 8)"
+    )
     return p
 
 
-_WORKLOAD_FLAGS = {"image": ("model", "images", "resolution", "image_dir"), "text": ("sequences",)}
+_WORKLOAD_FLAGS = {
+    "image": ("model", "images", "resolution", "image_dir"),
+    "text": ("sequences",),
+    "storage": ("samples", "latency_ms"),
+}
 
 
 def _objective_options(args: argparse.Namespace) -> dict[str, object]:

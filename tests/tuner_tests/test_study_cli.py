@@ -62,6 +62,8 @@ def test_study_records_what_it_measured(tuned: Path) -> None:
         assert "peak_host_memory_bytes" in attrs and attrs["machine"]["logical_cpus"] >= 1
         assert attrs["bottleneck"] in ("input-bound", "cpu-bound", "io-bound", "compute-bound")
         assert attrs["advice"] and 0 < attrs["efficiency"] <= 1.5
+        assert attrs["predicted_samples_per_sec"] > 0 and attrs["bound_efficiency"] > 0
+    assert {"pipeline_profile", "bound_samples_per_sec", "num_workers_max"} <= set(study.user_attrs)
 
 
 def test_baselines_come_first_and_once_also_on_resume(tuned: Path) -> None:
@@ -279,3 +281,35 @@ def test_a_setting_measured_before_is_answered_from_the_study(tmp_path: Path) ->
         assert repeat.state == first.state and repeat.value == first.value
         assert repeat.user_attrs["settings"] == first.user_attrs["settings"]
         assert repeat.duration is not None and repeat.duration.total_seconds() < 1.0
+
+
+@pytest.mark.slow
+def test_the_model_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path: Path) -> None:
+    """Samples that wait on storage: the worker range reaches far past the cores, the model's
+    best is queued right after the baselines, every trial carries its prediction and its share
+    of the bound, and the summary shows them."""
+    db = tmp_path / "tuner.db"
+    flags = ["--samples", "512", "--latency-ms", "4", "--sampler", "model", "--seed", "0"]
+    result = study_cli(f"sqlite:///{db}", "storage", "--n-trials", "7", *flags, *QUICK)
+    assert result.returncode == 0, result.stderr
+    assert "of the bound" in result.stdout and "pipeline: fetch" in result.stdout
+    assert "model: bound" in result.stderr
+    study = _study(db, "storage")
+    attrs = study.user_attrs
+    profile = attrs["pipeline_profile"]
+    assert profile["fetch_wall_s"] >= 0.004 and profile["fetch_cpu_s"] < profile["fetch_wall_s"]
+    assert attrs["num_workers_max"] >= 4 * detect_fingerprint().usable_cpus
+    assert attrs["bound_samples_per_sec"] > 0
+    trials = study.get_trials(deepcopy=False)
+    assert [t.user_attrs.get("baseline") for t in trials[:2]] == [
+        "pytorch-default",
+        "rule-of-thumb",
+    ]
+    assert trials[2].user_attrs["model_seed"] == "predicted-best"
+    assert trials[2].user_attrs["settings"]["num_workers"] > detect_fingerprint().usable_cpus
+    for trial in trials:
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            assert trial.user_attrs["predicted_samples_per_sec"] > 0
+            assert trial.user_attrs["bound_efficiency"] == pytest.approx(
+                trial.value / attrs["bound_samples_per_sec"]
+            )

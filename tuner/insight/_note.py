@@ -2,8 +2,9 @@
 
 Rewritten whole at the end of each worker's run (``save_study_note``), so it always describes
 the study as the database holds it, whichever worker wrote last: the best setting, its
-throughput, its efficiency against the ceiling, the speedup over both baselines, its diagnosis,
-the machines that contributed, and the whole setting as ready code. Where Optuna's own best
+throughput, its efficiency against the ceiling and the pipeline model's bound, the speedup over
+both baselines, its diagnosis, the pipeline profile and the model's error, the machines that
+contributed, and the whole setting as ready code. Where Optuna's own best
 trial (its highest single window, which a plain optuna-dashboard shows) is another trial than
 the re-measured winner, the note says so under the headline, with both trials' figures.
 """
@@ -21,6 +22,7 @@ from tuner._attrs import remeasured
 from tuner._naming import CEILING_ATTR
 from tuner.insight._best import BestSetting, optuna_best, study_best
 from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._snippet import extra_settings
 from tuner.insight._summary import efficiency, speedups
 
@@ -102,6 +104,12 @@ def _best_section(study: optuna.Study, chosen: BestSetting) -> list[str]:
             f", **{share:.0%} of the ceiling** ({float(ceiling):,.1f} samples/s: the step alone, "
             "with data already on the device)"
         )
+    bound = bound_of(study.user_attrs)
+    if bound:
+        headline += (
+            f", **{chosen.samples_per_sec / bound:.0%} of the bound** ({bound:,.1f} samples/s: "
+            "the most the pipeline model allows on this machine)"
+        )
     lines += [headline, ""]
     lines += _optuna_differs(study, chosen)
     ratios = speedups(study, best)
@@ -136,6 +144,23 @@ def _best_section(study: optuna.Study, chosen: BestSetting) -> list[str]:
     return lines
 
 
+def _pipeline_section(study: optuna.Study, trials: list[FrozenTrial]) -> list[str]:
+    """The profile and how far the model's predictions were from the measured trials."""
+    profile = stored_profile(study.user_attrs)
+    if profile is None:
+        return []
+    line = profile_line(profile)
+    lines = ["## Pipeline", "", line[:1].upper() + line[1:] + "."]
+    error = model_error(trials)
+    if error is not None:
+        lines += [
+            "",
+            f"The model's median error: {error[0]:.0%} over {error[1]} measured trials "
+            "(each trial's `predicted_samples_per_sec` beside its `samples_per_sec`).",
+        ]
+    return [*lines, ""]
+
+
 def study_note(study: optuna.Study) -> str:
     """The study's Markdown note, from what the database holds now."""
     trials = study.get_trials(deepcopy=False)
@@ -152,6 +177,7 @@ def study_note(study: optuna.Study) -> str:
         lines += ["No trial has completed yet; see the trials' `pruned_reason` and `error`."]
         return "\n".join(lines) + "\n"
     lines += _best_section(study, chosen)
+    lines += _pipeline_section(study, trials)
     lines += ["## Machines", ""]
     finished = [t for t in trials if t.state != TrialState.RUNNING]
     lines += _machines(finished)

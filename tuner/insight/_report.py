@@ -26,6 +26,7 @@ from tuner._attrs import has_settings, remeasured, study_batch_param, trial_sett
 from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
 from tuner.insight._best import study_best
 from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._summary import efficiency, trial_throughput
 from tuner.search._settings import LoaderSettings
 from tuner.trial._artifacts import read_trial_text
@@ -226,6 +227,8 @@ def _comparison_table(
         "samples/s",
         "re-measured",
         "efficiency",
+        "predicted",
+        "of bound",
         "speedup of best",
         "data wait",
         "num_workers",
@@ -250,6 +253,8 @@ def _comparison_table(
             _cell(f"{trial.value:,.1f}" if trial.value is not None else "-"),
             _cell(f"{again:,.1f}" if again is not None else "-"),
             _cell(f"{share:.0%}" if share is not None else "-"),
+            _cell(_number(trial.user_attrs.get("predicted_samples_per_sec"), ",.0f")),
+            _cell(_number(trial.user_attrs.get("bound_efficiency"), ".0%")),
             _cell(f"{best_throughput / throughput:.2f}x" if throughput else "-"),
             _cell(f"{float(wait):.0%}" if wait is not None else "-"),
             _cell(s.num_workers),
@@ -268,6 +273,21 @@ def _comparison_table(
             f"{html.escape(diagnosis.advice)}.</p>"
         )
     return "\n".join(lines)
+
+
+def _number(value: Any, spec: str) -> str:
+    return "-" if value is None else format(float(value), spec)
+
+
+def _pipeline_paragraph(study: optuna.Study, trials: Sequence[FrozenTrial]) -> str:
+    profile = stored_profile(study.user_attrs)
+    if profile is None:
+        return ""
+    text = f"Pipeline: {profile_line(profile)}."
+    error = model_error(trials)
+    if error is not None:
+        text += f" The model's median error: {error[0]:.0%} over {error[1]} measured trials."
+    return f"<p>{html.escape(text)}</p>"
 
 
 def _section(title: str, figure: go.Figure | None, div_id: str, missing: str) -> str:
@@ -313,6 +333,9 @@ def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = No
             f", {efficiency(chosen.samples_per_sec, ceiling):.0%} of the ceiling "
             f"({ceiling:,.1f} samples/s)"
         )
+    bound = bound_of(study.user_attrs)
+    if bound:
+        headline += f", {chosen.samples_per_sec / bound:.0%} of the bound ({bound:,.1f} samples/s)"
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -324,6 +347,7 @@ def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = No
         f"<p>{html.escape(summary)}; {html.escape(headline)}.</p>",
         "<h2>Baselines against the best</h2>",
         _comparison_table(study, compared, best, ceiling, batch_param),
+        _pipeline_paragraph(study, trials),
         _section(
             "Throughput against num_workers and batch size",
             _throughput_figure(complete, batch_param),

@@ -15,6 +15,7 @@ from tuner._naming import (
     CEILING_ATTR,
 )
 from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._table import format_table
 
@@ -89,8 +90,42 @@ def _row(trial: FrozenTrial, medians: Mapping[int, float]) -> list[Any]:
         settings.pin_memory,
         settings.torch_num_threads,
         knobs or "-",
+        _format(trial.user_attrs.get("predicted_samples_per_sec"), ",.0f"),
+        _format(trial.user_attrs.get("bound_efficiency"), ".0%"),
         trial.user_attrs.get("baseline", ""),
     ]
+
+
+def _format(value: Any, spec: str) -> str:
+    return "-" if value is None else format(float(value), spec)
+
+
+def _print_pipeline(
+    study: optuna.Study,
+    trials: list[FrozenTrial],
+    best: FrozenTrial,
+    throughput: float,
+    out: TextIO,
+) -> None:
+    """The bound, the model's error and the profile, when the study has a pipeline model."""
+    bound = bound_of(study.user_attrs)
+    if bound:
+        print(
+            f"  {throughput / bound:.0%} of the bound ({bound:,.0f} samples/s: the most the "
+            "pipeline model allows on this machine)",
+            file=out,
+        )
+    predicted = best.user_attrs.get("predicted_samples_per_sec")
+    error = model_error(trials)
+    if predicted is not None and error is not None:
+        print(
+            f"  model: {float(predicted):,.0f} samples/s predicted for it; median error "
+            f"{error[0]:.0%} over {error[1]} trials",
+            file=out,
+        )
+    profile = stored_profile(study.user_attrs)
+    if profile is not None:
+        print(f"\npipeline: {profile_line(profile)}", file=out)
 
 
 def print_summary(
@@ -130,6 +165,8 @@ def print_summary(
         "pin_memory",
         "threads",
         "knobs",
+        "predicted",
+        "of bound",
         "baseline",
     ]
     print(format_table(headers, rows), file=out)
@@ -142,6 +179,7 @@ def print_summary(
     if ceiling:
         share = trial_throughput(best, medians) / float(ceiling)
         print(f"  {share:.0%} of the ceiling ({float(ceiling):,.0f} samples/s)", file=out)
+    _print_pipeline(study, trials, best, trial_throughput(best, medians), out)
     diagnosis = diagnose_trial(best)
     if diagnosis is not None:
         print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)

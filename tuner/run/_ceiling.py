@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner._attrs import remeasured
-from tuner._naming import CEILING_ATTR
+from tuner._naming import CEILING_ATTR, STEP_CPU_ATTR, STEP_RATES_ATTR
 from tuner.insight._summary import best_trial, efficiency, trial_throughput
 from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
@@ -101,6 +101,11 @@ def study_ceiling(
         if outcome.state != "complete":
             _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
             return None
+        # The step's rate and CPU time per batch and thread count, for the pipeline profile:
+        # measured with the ceiling, stored once with it.
+        for key in (STEP_RATES_ATTR, STEP_CPU_ATTR):
+            if key in outcome.attrs:
+                once_per_study(study, config.storage, key, lambda key=key: outcome.attrs[key])
         return float(outcome.attrs[CEILING_ATTR])
 
     value = once_per_study(study, prepared.config.storage, CEILING_ATTR, measure)

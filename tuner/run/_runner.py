@@ -21,6 +21,7 @@ from tuner._naming import SETTINGS_ATTR, is_memory_reason
 from tuner.insight._diagnosis import diagnose
 from tuner.insight._summary import efficiency
 from tuner.machine._gpu import GpuReader
+from tuner.pipeline import PipelineModel, model_attrs
 from tuner.run._walls import (
     PREDICTED_PEAK_ATTR,
     RETEST_ATTR,
@@ -112,6 +113,7 @@ class TrialRunner:
     gpu_index: int | None = None
     artifact_store: FileSystemArtifactStore | None = None
     ceiling: float | None = None
+    model: PipelineModel | None = None
 
     @property
     def window_s(self) -> float:
@@ -208,6 +210,7 @@ class TrialRunner:
         share = efficiency(throughput, self.ceiling)
         if share is not None:
             attrs["efficiency"] = share
+        attrs.update(model_attrs(self.model, settings, throughput))
         diagnosis = diagnose(attrs, outcome.reason, self.supervisor.guard.limits)
         if diagnosis is not None:
             attrs.update(diagnosis.to_attrs())

@@ -11,16 +11,26 @@ import optuna
 
 from tuner.search._pruner import BelowBestPruner
 
-__all__ = ["N_STARTUP_TRIALS", "SAMPLERS", "make_pruner", "make_sampler", "resumed_seed"]
+__all__ = [
+    "MODEL_STRATEGY",
+    "N_STARTUP_TRIALS",
+    "SAMPLERS",
+    "make_pruner",
+    "make_sampler",
+    "resumed_seed",
+]
 
 N_STARTUP_TRIALS = 6
 """The samplers' random start; with the baselines, the trials before the study may stop early."""
 
-SAMPLERS = ("gp", "tpe", "random")
+SAMPLERS = ("gp", "tpe", "random", "model")
+MODEL_STRATEGY = "model"
+"""``--sampler model``: the pipeline model's best and neighbours first, then ``gp``, stopping once
+the best is near the bound or the model's pick held."""
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    """The sampler ``--sampler name`` runs: ``gp``, ``tpe`` or ``random``."""
+    """The sampler ``--sampler name`` runs: ``gp`` (also under ``model``), ``tpe`` or ``random``."""
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():
@@ -46,7 +56,7 @@ def make_pruner(sampler: str) -> optuna.pruners.BasePruner:
     so a stopped trial would teach it nothing and leave the region open to be proposed again
     (replayed on measured grids, ``bench.replay``: ``gp`` unpruned found the top more often than
     ``tpe`` pruned or unpruned). TPE learns from stopped trials, so ``tpe`` keeps the pruner."""
-    if sampler == "gp":
+    if sampler in ("gp", MODEL_STRATEGY):
         return optuna.pruners.NopPruner()
     return BelowBestPruner()
 

@@ -24,20 +24,30 @@ from tqdm import tqdm
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
 from tuner._attrs import BATCH_PARAM_ATTR, remeasured
-from tuner._naming import METRIC_NAME, objective_label
+from tuner._naming import BOUND_ATTR, METRIC_NAME, objective_label
 from tuner.fleet._heartbeat import StaleTrials, heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight._note import save_study_note
 from tuner.insight._summary import print_summary
+from tuner.pipeline import PipelineModel
+from tuner.run import _pipeline
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling, study_ceiling
 from tuner.run._config import ConfigError, PreparedStudy, StudyConfig, prepare
+from tuner.run._once import once_per_study
 from tuner.run._probe import study_max_batch
 from tuner.run._remeasure import final_candidates, remeasure
 from tuner.run._runner import SearchSpaceChanged, TrialRunner
-from tuner.run._samplers import N_STARTUP_TRIALS, make_pruner, make_sampler, resumed_seed
+from tuner.run._samplers import (
+    MODEL_STRATEGY,
+    N_STARTUP_TRIALS,
+    make_pruner,
+    make_sampler,
+    resumed_seed,
+)
 from tuner.run._tools import make_runner, trial_tools
 from tuner.search._baselines import enqueue_baselines
 from tuner.search._space import SearchSpace
+from tuner.trial._supervisor import Supervisor
 
 __all__ = ["StudyResult", "run_study"]
 
@@ -76,8 +86,9 @@ def _run(config: StudyConfig, out: TextIO) -> StudyResult:
         max_batch = study_max_batch(prepared, study, tools.supervisor)
         space = dataclasses.replace(prepared.space, max_batch=max_batch)
         ceiling = study_ceiling(prepared, study, tools.supervisor, space)
-        runner = make_runner(prepared, tools, space, ceiling)
-        _enqueue_first_trials(prepared, study, space, out)
+        model, space = _pipeline_model(prepared, study, tools.supervisor, space)
+        runner = make_runner(prepared, tools, space, ceiling, model)
+        _enqueue_first_trials(prepared, study, space, model, out)
         study = _with_sampler(prepared, study)
         trials_run = _run_trials(prepared, study, runner, out)
         medians = remeasure(
@@ -135,13 +146,41 @@ def _check_same_objective(prepared: PreparedStudy, study: optuna.Study) -> None:
         )
 
 
+def _pipeline_model(
+    prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor, space: SearchSpace
+) -> tuple[PipelineModel | None, SearchSpace]:
+    """Profile the pipeline (once per study); the model, and the space with its worker range."""
+    profile = _pipeline.profile_pipeline(prepared, study, supervisor, space)
+    if profile is None:
+        return None, space
+    config, host_limit = prepared.config, prepared.limits.host_bytes
+    space = _pipeline.model_space(
+        study, config.storage, prepared.study_name, space, profile, host_limit
+    )
+    model = PipelineModel.build(profile, space, host_limit)
+    once_per_study(study, config.storage, BOUND_ATTR, lambda: model.bound)
+    return model, space
+
+
 def _enqueue_first_trials(
-    prepared: PreparedStudy, study: optuna.Study, space: SearchSpace, out: TextIO
+    prepared: PreparedStudy,
+    study: optuna.Study,
+    space: SearchSpace,
+    model: PipelineModel | None,
+    out: TextIO,
 ) -> None:
-    """The baselines, then the warm start from similar profiles: once per study, under the lock."""
+    """The baselines, the model's seeds (under ``--sampler model``), then the warm start from
+    similar profiles: once per study, under the lock."""
     config = prepared.config
     with storage_lock(config.storage, prepared.study_name):
         if enqueue_baselines(study, space, prepared.fingerprint.physical_cores):
+            if model is not None and config.sampler == MODEL_STRATEGY:
+                count = _pipeline.enqueue_model_seeds(study, space, model)
+                print(
+                    f"model: bound {model.bound:,.0f} samples/s; {count} seeds from its "
+                    f"predicted best ({model.predict(model.best):,.0f} samples/s predicted)",
+                    file=out,
+                )
             sources = enqueue_warm_start(study, config.objective, prepared.profile, space)
             if sources:
                 print(f"warm start from {', '.join(sources)}", file=out)
@@ -189,7 +228,10 @@ def _run_trials(
             trials_run += 1
             bar.set_postfix_str(_postfix(study, asked.number, state, reason), refresh=False)
             bar.update()
-            stop = _stop_near_ceiling(study, runner, config)
+            runner = _grown(prepared, study, runner, out)
+            stop = _stop_near_ceiling(study, runner, config) or _stop_near_bound(
+                study, runner, config
+            )
             if stop is not None:
                 bar.close()
                 print(stop, file=out)
@@ -235,6 +277,44 @@ def _ask(
         if finished + running >= total:
             return "wait"
         return study.ask()
+
+
+def _stop_near_bound(study: optuna.Study, runner: TrialRunner, config: StudyConfig) -> str | None:
+    """Under ``--sampler model``: stop once the re-measured best is near the bound or the
+    model's seeded best held; the candidate is re-measured first, as near the ceiling."""
+    model = runner.model
+    if model is None or config.sampler != MODEL_STRATEGY:
+        return None
+    candidate = with_retry(lambda: _pipeline.bound_stop_candidate(study, model), "reading the best")
+    if candidate is not None and candidate.number not in remeasured(study):
+        rounds = max(2, config.remeasure_rounds)
+        remeasure(study, runner, [candidate], rounds, config.storage, sys.stderr, False)
+    return with_retry(lambda: _pipeline.bound_stop_message(study, model), "reading the best")
+
+
+def _grown(
+    prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner, out: TextIO
+) -> TrialRunner:
+    """The runner over a wider worker range when the best sits at its edge waiting for data
+    with CPUs idle; the same runner otherwise."""
+    model = runner.model
+    if model is None:
+        return runner
+    grown = with_retry(
+        lambda: _pipeline.grow_worker_range(
+            study,
+            prepared.config.storage,
+            prepared.study_name,
+            runner.space,
+            model.profile,
+            prepared.limits.host_bytes,
+        ),
+        "growing the space",
+    )
+    if grown is None:
+        return runner
+    print(f"num_workers range grown to 0..{grown.max_workers}", file=out)
+    return dataclasses.replace(runner, space=grown)
 
 
 def _stop_near_ceiling(study: optuna.Study, runner: TrialRunner, config: StudyConfig) -> str | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tuner.machine import auto_profile_name
 from tuner.machine._gpu import GpuReader, open_gpu_reader
+from tuner.pipeline import PipelineModel
 from tuner.run._config import PreparedStudy, gpu_index, trial_deadline
 from tuner.run._runner import TrialRunner
 from tuner.search._settings import LoaderSettings
@@ -85,6 +86,7 @@ def make_runner(
     tools: TrialTools,
     space: SearchSpace | None = None,
     ceiling: float | None = None,
+    model: PipelineModel | None = None,
 ) -> TrialRunner:
     """The runner for this study's trials over ``space`` (default: the prepared space)."""
     config = prepared.config
@@ -104,4 +106,5 @@ def make_runner(
         gpu_index=gpu_index(prepared.device) if tools.gpu is not None else None,
         artifact_store=open_artifact_store(config.storage, config.artifact_dir),
         ceiling=ceiling,
+        model=model,
     )

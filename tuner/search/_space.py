@@ -17,9 +17,12 @@ import optuna
 from objectives import Workload
 from tuner.search._settings import LoaderSettings
 
-__all__ = ["SearchSpace", "SpaceError", "optuna_params", "powers_of_two"]
+__all__ = ["MAX_WORKERS", "SearchSpace", "SpaceError", "optuna_params", "powers_of_two"]
 
 MAX_PREFETCH_FACTOR = 8
+MAX_WORKERS = 256
+"""No space goes beyond this many workers (the pipeline model may set any range up to it), and
+``--fix num_workers`` may name any count up to it: the range is set after the profile."""
 
 
 class SpaceError(ValueError):
@@ -68,7 +71,9 @@ class SearchSpace:
 
     Args:
         workload: the workload (its batch range, batch parameter and knobs).
-        max_workers: ``min(2 x logical CPUs, 2 x the profile's vCPUs)``.
+        max_workers: the top of the ``num_workers`` range: the pipeline model's
+            (:func:`tuner.pipeline.worker_range`) once the study is profiled, else
+            ``min(2 x logical CPUs, 2 x the profile's vCPUs)``.
         max_threads: the main process's intra-op threads, ``1..usable CPUs``.
         cuda: whether ``pin_memory`` is worth sampling.
         max_batch: the edge found by the batch-size probe (``None``: the workload's bound).
@@ -151,7 +156,7 @@ class SearchSpace:
         except ValueError:
             raise ValueError(f"expected an integer, got {text!r}") from None
         bounds = {
-            "num_workers": (0, self.max_workers),
+            "num_workers": (0, max(self.max_workers, MAX_WORKERS)),
             "prefetch_factor": (1, MAX_PREFETCH_FACTOR),
             "torch_num_threads": (1, self.max_threads),
         }

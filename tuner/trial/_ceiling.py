@@ -21,7 +21,7 @@ from objectives import Workload, move_to_device
 from tuner.search._settings import LoaderSettings
 from tuner.trial._measure import count_samples, synchronize
 
-__all__ = ["CLIMB_STOP_FRACTION", "measure_ceiling"]
+__all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_ceiling", "measure_step_rates"]
 
 
 def _one_batch(workload: Workload, settings: LoaderSettings, seed: int) -> object:
@@ -46,7 +46,8 @@ def _step_rate(
     window_s: float,
     warmup_s: float,
     min_steps: int,
-) -> float:
+) -> tuple[float, float]:
+    """samples/s of the step on ``batch``, and the CPU seconds it spends per sample."""
     samples_per_step = count_samples(batch)
     step = workload.train_step(device)
     micro_batches = 0
@@ -64,19 +65,80 @@ def _step_rate(
         run_one()
         warm_steps += 1
     synchronize(device)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     steps = 0
     while steps < min_steps or time.perf_counter() - started < window_s:
         run_one()
         steps += 1
     synchronize(device)
-    return samples_per_step * steps / (time.perf_counter() - started)
+    samples = samples_per_step * steps
+    cpu_s = time.process_time() - cpu_started
+    return samples / (time.perf_counter() - started), cpu_s / max(1, samples)
 
 
 CLIMB_STOP_FRACTION = 0.5
 """Going up the batch sizes stops at one whose step runs below half the best rate so far: past
 that point larger batches only get slower (caches, page faults, memory bandwidth), and each of
 their steps takes longest to measure."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRates:
+    """The step alone per thread count and batch value: samples/s and CPU seconds per sample.
+
+    Batch values above the climb's stop (:data:`CLIMB_STOP_FRACTION`) are absent.
+    """
+
+    rates: dict[int, dict[int, float]]
+    cpu_s: dict[int, dict[int, float]]
+
+    @property
+    def ceiling(self) -> float:
+        """The best rate of all: the study's ``ceiling_samples_per_sec``."""
+        return max((r for row in self.rates.values() for r in row.values()), default=0.0)
+
+
+def measure_step_rates(
+    workload: Workload,
+    settings: LoaderSettings,
+    device: torch.device,
+    window_s: float,
+    warmup_s: float,
+    batches: Sequence[int] | None = None,
+    threads: Sequence[int] | None = None,
+    seed: int = 0,
+    min_steps: int = 2,
+) -> StepRates:
+    """The step's samples/sec on one prepared batch, per value of ``batches`` and ``threads``.
+
+    ``settings`` gives the knobs and accumulation; ``batches`` are values of the workload's batch
+    parameter (default: ``settings.batch``), ``threads`` intra-op thread counts (default:
+    ``settings.torch_num_threads``), which change the step's own speed, a lot on some machines.
+    The speed per sample is not monotone in the batch size (a text step measured here ran 798
+    samples/s at 8192 tokens and 91 at 32768), so the sizes are tried smallest first until one
+    falls below :data:`CLIMB_STOP_FRACTION` of the best.
+    """
+    torch.manual_seed(seed)
+    counts = list(threads or [settings.torch_num_threads])
+    rates: dict[int, dict[int, float]] = {count: {} for count in counts}
+    cpu: dict[int, dict[int, float]] = {count: {} for count in counts}
+    best = 0.0
+    for size in sorted(batches or [settings.batch]):
+        sized = dataclasses.replace(settings, batch=size)
+        batch = move_to_device(_one_batch(workload, sized, seed), device)
+        for count in counts:
+            torch.set_num_threads(count)
+            rates[count][size], cpu[count][size] = _step_rate(
+                workload, batch, sized, device, window_s, warmup_s, min_steps
+            )
+        del batch
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        here = max(rates[count][size] for count in counts)
+        if here < CLIMB_STOP_FRACTION * best:
+            break
+        best = max(best, here)
+    return StepRates(rates, cpu)
 
 
 def measure_ceiling(
@@ -90,28 +152,7 @@ def measure_ceiling(
     seed: int = 0,
     min_steps: int = 2,
 ) -> float:
-    """The step's best samples/sec on one prepared batch, over ``batches`` and ``threads``.
-
-    ``settings`` gives the knobs and accumulation; ``batches`` are values of the workload's batch
-    parameter (default: ``settings.batch``), ``threads`` intra-op thread counts (default:
-    ``settings.torch_num_threads``), which change the step's own speed, a lot on some machines.
-    The speed per sample is not monotone in the batch size (a text step measured here ran 798
-    samples/s at 8192 tokens and 91 at 32768), so the sizes are tried smallest first until one
-    falls below :data:`CLIMB_STOP_FRACTION` of the best.
-    """
-    torch.manual_seed(seed)
-    best = 0.0
-    for size in sorted(batches or [settings.batch]):
-        sized = dataclasses.replace(settings, batch=size)
-        batch = move_to_device(_one_batch(workload, sized, seed), device)
-        rates = []
-        for count in threads or [settings.torch_num_threads]:
-            torch.set_num_threads(count)
-            rates.append(_step_rate(workload, batch, sized, device, window_s, warmup_s, min_steps))
-        del batch
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        if max(rates) < CLIMB_STOP_FRACTION * best:
-            break
-        best = max(best, *rates)
-    return best
+    """The step's best samples/sec over ``batches`` and ``threads`` (:func:`measure_step_rates`)."""
+    return measure_step_rates(
+        workload, settings, device, window_s, warmup_s, batches, threads, seed, min_steps
+    ).ceiling

@@ -24,10 +24,11 @@ import torch
 
 from objectives import Workload, load_workload
 from tuner._lifeline import kill_group_when_gone
-from tuner._naming import CEILING_ATTR
-from tuner.trial._ceiling import measure_ceiling
+from tuner._naming import CEILING_ATTR, STEP_CPU_ATTR, STEP_RATES_ATTR
+from tuner.trial._ceiling import measure_step_rates
 from tuner.trial._measure import measure, synchronize
 from tuner.trial._outcome import classify_error, one_line
+from tuner.trial._pipeline import measure_pipeline
 from tuner.trial._protocol import Failure, Fits, Job, Mode, Progress, Result
 
 __all__ = ["run_child"]
@@ -76,8 +77,9 @@ def _probe(conn: Connection, job: Job) -> None:
 
 
 def _ceiling(conn: Connection, job: Job) -> None:
-    """The step alone on one prepared batch: what no DataLoader setting can beat."""
-    rate = measure_ceiling(
+    """The step alone on one prepared batch: what no DataLoader setting can beat, with the
+    step's rate and CPU time per batch and thread count for the pipeline profile."""
+    steps = measure_step_rates(
         _workload(job),
         job.settings,
         torch.device(job.device),
@@ -87,10 +89,37 @@ def _ceiling(conn: Connection, job: Job) -> None:
         threads=job.threads or None,
         seed=job.seed,
     )
-    conn.send(Result({CEILING_ATTR: rate}))
+    attrs = {
+        CEILING_ATTR: steps.ceiling,
+        STEP_RATES_ATTR: _text_keys(steps.rates),
+        STEP_CPU_ATTR: _text_keys(steps.cpu_s),
+    }
+    conn.send(Result(attrs))
 
 
-_MODES = {Mode.MEASURE: _measure, Mode.PROBE: _probe, Mode.CEILING: _ceiling}
+def _text_keys(table: dict[int, dict[int, float]]) -> dict[str, dict[str, float]]:
+    return {str(t): {str(b): v for b, v in row.items()} for t, row in table.items()}
+
+
+def _pipeline(conn: Connection, job: Job) -> None:
+    """The pipeline profile's measured part: fetch, collate, IPC, transfer, worker memory."""
+    attrs = measure_pipeline(
+        _workload(job),
+        job.settings.batch,
+        torch.device(job.device),
+        batches=job.batches,
+        seed=job.seed,
+        budget_s=job.budget_s,
+    )
+    conn.send(Result(attrs))
+
+
+_MODES = {
+    Mode.MEASURE: _measure,
+    Mode.PROBE: _probe,
+    Mode.CEILING: _ceiling,
+    Mode.PIPELINE: _pipeline,
+}
 
 
 def run_child(conn: Connection, job: Job, supervisor_pid: int) -> None:

@@ -29,6 +29,8 @@ class Mode(enum.Enum):
     """A couple of steps at each of ``Job.batches`` in turn: which batch values fit."""
     CEILING = "ceiling"
     """The step alone on one prepared batch, over ``Job.batches`` and ``Job.threads``."""
+    PIPELINE = "pipeline"
+    """The pipeline profile's measured part: fetch, collate, IPC, transfer, worker memory."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Job:
     seed: int = 0
     batches: tuple[int, ...] = ()
     threads: tuple[int, ...] = ()
+    budget_s: float = 0.0
+    """The pipeline profile's time budget per measurement."""
     cwd: str | None = None
     """The study's working directory, so relative paths in a workload mean the same there."""
     sys_path: tuple[str, ...] = ()

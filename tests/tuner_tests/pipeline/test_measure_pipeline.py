@@ -1,0 +1,41 @@
+"""The profile's measured part, in real processes: a stand-in worker and a real DataLoader."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from objectives import Workload, storage_workload
+from tests.tuner_tests.workloads import Vectors
+from tuner.trial._pipeline import measure_pipeline, samples_per_batch
+
+CPU = torch.device("cpu")
+
+
+def test_a_fetch_that_waits_on_storage_shows_its_wait_share() -> None:
+    workload = storage_workload(samples=256, latency_ms=5)
+    attrs = measure_pipeline(workload, 16, CPU, [8, 16, 32], budget_s=0.2)
+    assert attrs["fetch_wall_s"] >= 0.005
+    assert attrs["fetch_cpu_s"] < 0.5 * attrs["fetch_wall_s"]  # mostly waiting
+    assert attrs["measured_samples"] >= 3 * 16
+    assert attrs["worker_uss_bytes"] > 0 and attrs["worker_pss_bytes"] >= attrs["worker_uss_bytes"]
+    assert attrs["sample_bytes"] == pytest.approx(256 * 4 + 8)  # features + one int64 label
+    assert attrs["samples_per_batch"] == {"8": 8.0, "16": 16.0, "32": 32.0}
+    assert attrs["worker_start_s"] > 0 and attrs["dataset_samples"] == 256
+    assert attrs["loader_worker_cpu_s"] >= 0 and attrs["loader_main_cpu_s"] >= 0
+
+
+def test_a_fetch_that_computes_has_no_wait_share() -> None:
+    workload = Workload(name="busy", dataset=Vectors(size=256, work=3000), default_batch_size=8)
+    attrs = measure_pipeline(workload, 8, CPU, [8], budget_s=0.2)
+    # On a shared machine part of the wall time is spent queued for a CPU: not an I/O wait.
+    assert attrs["fetch_cpu_s"] + attrs["fetch_runqueue_s"] > 0.7 * attrs["fetch_wall_s"]
+    assert attrs["collate_s"] > 0 and attrs["ipc_dump_s"] > 0 and attrs["ipc_load_s"] > 0
+
+
+def test_a_batch_sampler_counts_its_epoch_mean() -> None:
+    from objectives import text_workload
+
+    workload = text_workload(sequences=300, vocab_size=64, max_length=96)
+    counts = samples_per_batch(workload, [1024, 2048], seed=0)
+    assert 1 < counts[1024] < counts[2048] < 300

@@ -1,0 +1,180 @@
+"""The pipeline model on profiles written by hand: each rule of the model, one test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from objectives import Workload
+from tests.tuner_tests.workloads import Vectors
+from tuner.pipeline import (
+    PipelineModel,
+    PipelineProfile,
+    memory_max_workers,
+    model_candidates,
+    predict,
+    predicted_best,
+    stored_profile,
+    worker_range,
+)
+from tuner.pipeline._model import HARD_MAX_WORKERS, OVERSUBSCRIBED_STEP_FACTOR
+from tuner.search._space import SearchSpace
+
+BATCHES = (8, 16, 32, 64)
+
+
+def _profile(**changes: object) -> PipelineProfile:
+    """Storage-like: 8 ms of waiting per sample, 0.1 ms of CPU; a step at 20,000 samples/s."""
+    base = PipelineProfile(
+        fetch_wall_s=0.008,
+        fetch_cpu_s=0.0001,
+        collate_s=0.00001,
+        ipc_dump_s=0.00001,
+        ipc_load_s=0.00001,
+        transfer_s=0.0,
+        worker_start_s=0.01,
+        worker_uss_bytes=8 * 2**20,
+        worker_pss_bytes=80 * 2**20,
+        sample_bytes=1024.0,
+        samples_per_batch={b: float(b) for b in BATCHES},
+        usable_cores=2.0,
+        step_rates={1: {b: 20_000.0 for b in BATCHES}, 2: {b: 30_000.0 for b in BATCHES}},
+        step_cpu_s={1: {b: 1 / 20_000 for b in BATCHES}, 2: {b: 2 / 30_000 for b in BATCHES}},
+        profiled_batch=32,
+        measured_samples=96,
+        dataset_samples=100_000,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _cpu_bound() -> PipelineProfile:
+    """Image-like: 5 ms of CPU per sample and no waiting."""
+    return _profile(fetch_wall_s=0.005, fetch_cpu_s=0.005)
+
+
+def _space(max_workers: int = 8, **changes: object) -> SearchSpace:
+    workload = Workload(name="v", dataset=Vectors(size=100_000), batch_size_range=(8, 64))
+    return SearchSpace(
+        workload=workload, max_workers=max_workers, max_threads=2, cuda=False, **changes
+    )
+
+
+def _settings(
+    space: SearchSpace, workers: int, batch: int = 32, threads: int = 1, persistent: bool = True
+):
+    return space.settings(
+        workers, batch, 2 if workers else None, persistent and workers > 0, False, threads, {}
+    )
+
+
+def test_without_workers_everything_is_serial() -> None:
+    profile = _profile()
+    rate = predict(profile, _settings(_space(), 0)).samples_per_sec
+    assert rate == pytest.approx(1 / (0.008 + 0.00001 + 1 / 20_000))
+
+
+def test_waiting_workers_scale_past_the_cores_until_the_cpu_binds() -> None:
+    profile, space = _profile(), _space()
+    rates = {w: predict(profile, _settings(space, w)).samples_per_sec for w in (1, 2, 4, 8, 16)}
+    assert rates[16] == pytest.approx(16 * rates[1], rel=0.02)  # 16 workers on 2 cores
+    assert predict(profile, _settings(space, 16)).limit == "workers"
+    many = predict(profile, _settings(space, 250))
+    assert many.limit == "cpu"
+    assert many.samples_per_sec == pytest.approx(many.cpu, rel=0.01)
+
+
+def test_workers_beyond_an_epochs_batches_add_nothing() -> None:
+    profile, space = _profile(dataset_samples=256), _space()  # 8 batches of 32
+    eight = predict(profile, _settings(space, 8)).samples_per_sec
+    assert predict(profile, _settings(space, 16)).samples_per_sec == pytest.approx(eight)
+    assert predict(profile, _settings(space, 5)).samples_per_sec < eight  # 2 rounds, not 1.6
+
+
+def test_persistent_workers_save_the_start_of_every_worker_each_epoch() -> None:
+    profile, space = _profile(dataset_samples=512, worker_start_s=0.05), _space()
+    kept = predict(profile, _settings(space, 8, persistent=True)).samples_per_sec
+    restarted = predict(profile, _settings(space, 8, persistent=False)).samples_per_sec
+    assert restarted < kept
+    assert 512 / restarted == pytest.approx(512 / kept + 8 * 0.05)
+
+
+def test_a_multithreaded_step_on_taken_cores_runs_below_one_thread() -> None:
+    profile = _cpu_bound()
+    space = _space()
+    one = predict(profile, _settings(space, 4, threads=1))
+    two = predict(profile, _settings(space, 4, threads=2))
+    assert two.samples_per_sec <= one.samples_per_sec
+    # Two workers decoding hold about a core: two step threads no longer find two free cores.
+    slow_step = dataclasses.replace(
+        profile,
+        step_rates={1: {32: 100.0}, 2: {32: 180.0}},
+        step_cpu_s={1: {32: 0.01}, 2: {32: 0.011}},
+    )
+    slowed = predict(slow_step, _settings(space, 2, threads=2))
+    assert slowed.consumer == pytest.approx(
+        1 / (1 / (OVERSUBSCRIBED_STEP_FACTOR * 100.0) + 0.00001), rel=0.01
+    )
+    assert slowed.samples_per_sec < predict(slow_step, _settings(space, 2)).samples_per_sec
+
+
+def test_the_cpu_counts_of_a_real_loader_replace_smaller_parts() -> None:
+    space = _space()
+    cheap = predict(_profile(), _settings(space, 250)).cpu
+    costly = predict(_profile(loader_worker_cpu_s=0.001), _settings(space, 250)).cpu
+    assert costly < cheap
+    assert costly == pytest.approx(2 / (0.001 + 0.00001 + 1 / 20_000))
+
+
+def test_the_bound_is_at_least_every_prediction_in_the_space() -> None:
+    for profile in (_profile(), _cpu_bound()):
+        space = _space(max_workers=16)
+        model = PipelineModel.build(profile, space, host_limit_bytes=None)
+        for workers in range(17):
+            for threads in (1, 2):
+                rate = predict(profile, _settings(space, workers, threads=threads)).samples_per_sec
+                assert rate <= model.bound * 1.0001
+        assert model.predict(model.best) <= model.bound * 1.0001
+
+
+def test_the_worker_range_follows_the_fetchs_wait_share() -> None:
+    waiting = worker_range(_profile(), _space(), host_limit_bytes=None)
+    computing = worker_range(_cpu_bound(), _space(), host_limit_bytes=None)
+    assert waiting >= 16 * 2  # an I/O-bound fetch: many times the cores
+    assert computing <= 2 * 2  # a CPU-bound fetch: about the cores, never a multiple
+    assert waiting <= HARD_MAX_WORKERS
+
+
+def test_memory_caps_the_workers() -> None:
+    profile = _profile(worker_uss_bytes=100 * 2**20, sample_bytes=0.0)
+    assert memory_max_workers(profile, 2 * 2**30, batch=32) == 10  # half of 2 GiB / 100 MiB
+    assert worker_range(profile, _space(), host_limit_bytes=2 * 2**30) == 10
+    assert memory_max_workers(profile, None, batch=32) == HARD_MAX_WORKERS
+
+
+def test_the_predicted_best_and_its_neighbours_lie_in_the_space() -> None:
+    space = _space(max_workers=64)
+    seeds = model_candidates(_profile(), space)
+    best = predicted_best(_profile(), space)
+    assert seeds[0] == best and best.num_workers > 2
+    keys = [repr(s.to_attrs()) for s in seeds]
+    assert len(set(keys)) == len(keys) > 2
+    for settings in seeds:
+        assert 0 <= settings.num_workers <= 64 and settings.batch in space.batch_choices()
+
+
+def test_fixed_values_are_kept_by_the_predicted_best() -> None:
+    space = _space(max_workers=64, fixed={"num_workers": 3, "batch_size": 16})
+    for settings in model_candidates(_profile(), space):
+        assert (settings.num_workers, settings.batch) == (3, 16)
+
+
+def test_the_profile_round_trips_through_study_attrs() -> None:
+    profile = _profile()
+    attrs = profile.to_attrs()
+    assert all(isinstance(key, str) for key in attrs["step_rates"])
+    assert stored_profile({"pipeline_profile": attrs}) == profile
+    assert stored_profile({}) is None
+    assert stored_profile({"pipeline_profile": {"fetch_wall_s": 1}}) is None
+    assert profile.io_wait_share == pytest.approx(1 - 0.0001 / 0.008)
+    assert _cpu_bound().io_wait_share == 0.0

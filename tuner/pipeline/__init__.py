@@ -1,0 +1,45 @@
+"""The pipeline: what each stage of this workload's loader costs here, and what follows from it.
+
+The profile (``_profile``: per-sample fetch wall and CPU time in a worker, collate, IPC,
+transfer, the step per batch size, worker memory, usable cores) is measured once per study in a
+trial child (:mod:`tuner.trial._pipeline`) and stored as a study attr; the model (``_model``:
+producers and a consumer over shared cores) predicts any setting's samples/sec, the best
+setting, the worker range and the bound, the most this machine can deliver. Sits beside the
+search: it imports only ``tuner.search``.
+"""
+
+from __future__ import annotations
+
+from tuner.pipeline._model import (
+    PipelineModel,
+    Prediction,
+    memory_max_workers,
+    model_attrs,
+    model_candidates,
+    predict,
+    predicted_best,
+    worker_range,
+    workers_needed,
+)
+from tuner.pipeline._profile import (
+    PROFILE_ATTR,
+    PipelineProfile,
+    store_profile,
+    stored_profile,
+)
+
+__all__ = [
+    "PROFILE_ATTR",
+    "PipelineModel",
+    "PipelineProfile",
+    "Prediction",
+    "memory_max_workers",
+    "model_attrs",
+    "model_candidates",
+    "predict",
+    "predicted_best",
+    "store_profile",
+    "stored_profile",
+    "worker_range",
+    "workers_needed",
+]

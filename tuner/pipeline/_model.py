@@ -1,0 +1,319 @@
+"""A model of one DataLoader pipeline: producers and a consumer over shared cores.
+
+Pure functions of a :class:`~tuner.pipeline.PipelineProfile` and a setting, so every number
+can be recomputed from stored attrs and checked against the trials (``predicted_samples_per_sec``
+beside each measured one). For ``w`` workers, batch value ``b`` (``n`` samples) and ``t``
+intra-op threads on ``c`` usable cores, per sample:
+
+* the workers produce at most ``w / (fetch_wall + collate + ipc_dump)`` (a worker waits on
+  storage without using its core, so ``w`` may exceed ``c`` by the fetch's wait share), and
+  since each fetches whole batches, an epoch of ``B`` batches takes ``ceil(B / w)`` batch
+  fetches: workers beyond an epoch's batches add nothing;
+* the main process consumes at most ``1 / (1 / step_rate(t, b) + ipc_load + transfer)``;
+* everything shares the cores: ``rate * (fetch_cpu + collate + ipc_dump + ipc_load + transfer
+  + step_cpu(t, b)) <= c``, with the CPU a real DataLoader spends per sample (queues, shared
+  memory) where it exceeds the parts timed one by one;
+* the smallest of the three is the rate; without ``persistent_workers`` each epoch also
+  starts every worker again;
+* a multi-threaded step whose threads outnumber the cores the workers leave free runs at
+  :data:`OVERSUBSCRIBED_STEP_FACTOR` of its one-thread rate (its threads wait on each other).
+
+With ``num_workers=0`` everything is serial in the main process. ``prefetch_factor`` does not
+change the steady rate here; it only costs memory (:func:`memory_max_workers`). The bound is the
+best prediction with as many workers as memory allows: no setting of this machine does better.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tuner.pipeline._profile import PipelineProfile, RateTable
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import MAX_WORKERS, SearchSpace
+
+__all__ = [
+    "HARD_MAX_WORKERS",
+    "OVERSUBSCRIBED_STEP_FACTOR",
+    "PipelineModel",
+    "Prediction",
+    "memory_max_workers",
+    "model_candidates",
+    "predict",
+    "predicted_best",
+    "worker_range",
+    "workers_needed",
+]
+
+OVERSUBSCRIBED_STEP_FACTOR = 0.69
+"""Measured on the 2-core machine (image, w3 b32): 214 samples/s with two intra-op threads
+against 310 with one, while the workers held the cores."""
+
+HARD_MAX_WORKERS = MAX_WORKERS
+"""No space goes beyond this many workers, whatever the model says (process-table sanity)."""
+
+MEMORY_SHARE = 0.5
+"""The share of the guard's host limit the workers' own memory and prefetched batches may use."""
+
+ENOUGH_FRACTION = 0.97
+"""Workers reach "enough" once the prediction is within 3% of what unlimited workers give."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """Predicted samples/sec and each stage's limit (``inf`` where a stage does not apply)."""
+
+    samples_per_sec: float
+    producer: float
+    consumer: float
+    cpu: float
+
+    @property
+    def limit(self) -> str:
+        """Which stage binds: ``workers``, ``step`` or ``cpu``."""
+        stages = {"workers": self.producer, "step": self.consumer, "cpu": self.cpu}
+        return min(stages, key=lambda name: stages[name])
+
+
+def _nearest(row: Mapping[int, float], key: int) -> float | None:
+    """The value at ``key``, else at the nearest key below it, else the nearest above."""
+    if not row:
+        return None
+    if key in row:
+        return row[key]
+    below = [k for k in row if k < key]
+    return row[max(below)] if below else row[min(row)]
+
+
+def _step(table: RateTable, threads: int, batch: int) -> float | None:
+    row = table.get(threads)
+    if row is None:
+        fewer = [t for t in table if t <= threads]
+        row = table[max(fewer)] if fewer else table.get(min(table)) if table else None
+    return None if row is None else _nearest(row, batch)
+
+
+def _samples(profile: PipelineProfile, batch: int) -> float:
+    return _nearest(profile.samples_per_batch, batch) or float(batch)
+
+
+def _costs(profile: PipelineProfile) -> tuple[float, float, float]:
+    """Per sample: a worker's wall time, its CPU time, the main process's loader CPU time.
+
+    The real DataLoader's CPU counts (queues, shared memory, bookkeeping) replace the parts
+    timed one by one where they are larger, as they are with many small batches.
+    """
+    produce_s = profile.fetch_alone_s + profile.collate_s + profile.ipc_dump_s
+    worker_cpu = max(
+        profile.fetch_cpu_s + profile.collate_s + profile.ipc_dump_s, profile.loader_worker_cpu_s
+    )
+    main_cpu = max(profile.ipc_load_s, profile.loader_main_cpu_s) + profile.transfer_s
+    return produce_s, worker_cpu, main_cpu
+
+
+def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
+    """Predicted samples/sec of ``settings``, from the profile alone (rates over one epoch)."""
+    batch, threads, workers = settings.batch, settings.torch_num_threads, settings.num_workers
+    step_rate = _step(profile.step_rates, threads, batch) or math.inf
+    step_cpu = _step(profile.step_cpu_s, threads, batch) or 0.0
+    samples = _samples(profile, batch)
+    epoch = max(1.0, float(profile.dataset_samples))
+    if workers == 0:
+        per_sample = profile.fetch_alone_s + profile.collate_s + profile.transfer_s + 1 / step_rate
+        rate = 1 / per_sample
+        return Prediction(rate, math.inf, rate, math.inf)
+    produce_s, worker_cpu, main_cpu = _costs(profile)
+    # A worker fetches whole batches, and an epoch's batches are shared out among the workers:
+    # ceil(batches / workers) rounds of one batch each, so workers beyond an epoch's batches
+    # wait idle, and the first batch of each epoch is fetched before anything flows.
+    batches = max(1, math.ceil(epoch / samples))
+    producer = epoch / (math.ceil(batches / workers) * samples * produce_s)
+
+    def stages(rate: float, cpu_s: float) -> tuple[float, float]:
+        consumer = 1 / (1 / rate + main_cpu)
+        cpu = profile.usable_cores / max(1e-12, worker_cpu + main_cpu + cpu_s)
+        return consumer, cpu
+
+    consumer, cpu = stages(step_rate, step_cpu)
+    steady = min(producer, consumer, cpu)
+    free_cores = profile.usable_cores - steady * worker_cpu
+    one_rate = _step(profile.step_rates, 1, batch)
+    if threads > 1 and threads > free_cores + 0.5 and one_rate:
+        slowed = OVERSUBSCRIBED_STEP_FACTOR * one_rate
+        consumer, cpu = stages(slowed, _step(profile.step_cpu_s, 1, batch) or 0.0)
+        steady = min(producer, consumer, cpu)
+    epoch_s = epoch / steady
+    if not settings.persistent_workers:
+        epoch_s += workers * profile.worker_start_s  # the main process starts each one again
+    return Prediction(epoch / epoch_s, producer, consumer, cpu)
+
+
+def memory_max_workers(
+    profile: PipelineProfile, host_limit_bytes: int | None, batch: int, prefetch: int = 2
+) -> int:
+    """The most workers whose own memory and prefetched batches fit in half the host limit."""
+    if not host_limit_bytes:
+        return HARD_MAX_WORKERS
+    per_worker = profile.worker_uss_bytes + prefetch * _samples(profile, batch) * max(
+        0.0, profile.sample_bytes
+    )
+    if per_worker <= 0:
+        return HARD_MAX_WORKERS
+    return max(0, min(HARD_MAX_WORKERS, int(MEMORY_SHARE * host_limit_bytes // per_worker)))
+
+
+def _best_at(
+    profile: PipelineProfile, settings: Iterable[LoaderSettings]
+) -> tuple[float, LoaderSettings | None]:
+    best_rate, best = -1.0, None
+    for candidate in settings:
+        rate = predict(profile, candidate).samples_per_sec
+        # Ties (within 1%) go to the cheaper setting: fewer workers, then less prefetch.
+        if best is None or rate > 1.01 * best_rate:
+            best_rate, best = rate, candidate
+        elif rate >= best_rate / 1.01 and candidate.memory_footprint() < best.memory_footprint():
+            best_rate, best = max(rate, best_rate), candidate
+    return best_rate, best
+
+
+def workers_needed(profile: PipelineProfile, space: SearchSpace, batch: int, threads: int) -> int:
+    """The fewest workers whose prediction is within 3% of unlimited workers' (at ``batch``)."""
+    knobs = space.workload.default_knobs
+
+    def rate(workers: int) -> float:
+        settings = space.settings(
+            workers, batch, 2 if workers else None, workers > 0, False, threads, knobs
+        )
+        return predict(profile, settings).samples_per_sec
+
+    most = rate(HARD_MAX_WORKERS)
+    for workers in range(HARD_MAX_WORKERS + 1):
+        if rate(workers) >= ENOUGH_FRACTION * most:
+            return workers
+    return HARD_MAX_WORKERS
+
+
+def _fixed_or(space: SearchSpace, name: str, values: Sequence[Any]) -> Sequence[Any]:
+    return [space.fixed[name]] if name in space.fixed else values
+
+
+def _candidates(space: SearchSpace, knobs: Mapping[str, Any]) -> list[LoaderSettings]:
+    """Every worker, batch and thread count of ``space`` (prefetch 2, persistent workers)."""
+    result = []
+    for workers in _fixed_or(space, "num_workers", range(space.max_workers + 1)):
+        for batch in _fixed_or(space, space.batch_param, space.batch_choices()):
+            for threads in _fixed_or(space, "torch_num_threads", range(1, space.max_threads + 1)):
+                prefetch = space.fixed.get("prefetch_factor", 2) if workers else None
+                persistent = bool(space.fixed.get("persistent_workers", True)) and workers > 0
+                pin = bool(space.fixed.get("pin_memory", space.cuda))
+                result.append(
+                    space.settings(workers, batch, prefetch, persistent, pin, threads, knobs)
+                )
+    return result
+
+
+def _knobs(space: SearchSpace) -> dict[str, Any]:
+    return {
+        **space.workload.default_knobs,
+        **{k: v for k, v in space.fixed.items() if k in space.workload.knobs},
+    }
+
+
+def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettings:
+    """The setting of ``space`` the model rates fastest (the cheapest among near-ties)."""
+    _, best = _best_at(profile, _candidates(space, _knobs(space)))
+    assert best is not None  # a space always holds at least one setting
+    return best
+
+
+def model_candidates(profile: PipelineProfile, space: SearchSpace) -> list[LoaderSettings]:
+    """The predicted best, then neighbours: half and twice its workers, the other thread counts
+    and batch values beside it, each other knob value. Distinct, inside the space."""
+    best = predicted_best(profile, space)
+    batches = space.batch_choices()
+    index = batches.index(best.batch) if best.batch in batches else 0
+    variants: list[dict[str, Any]] = []
+    if "num_workers" not in space.fixed:
+        for workers in (best.num_workers // 2, best.num_workers * 2):
+            if 0 < workers <= space.max_workers:
+                variants.append({"num_workers": workers})
+    if space.batch_param not in space.fixed:
+        for near in (index - 1, index + 1):
+            if 0 <= near < len(batches):
+                variants.append({"batch": batches[near]})
+    if "torch_num_threads" not in space.fixed and space.max_threads > 1:
+        other = 1 if best.torch_num_threads > 1 else space.max_threads
+        variants.append({"torch_num_threads": other})
+    for knob, choices in space.workload.knobs.items():
+        if knob not in space.fixed:
+            for choice in choices:
+                if choice != best.knobs.get(knob):
+                    variants.append({"knobs": {**best.knobs, knob: choice}})
+    result, seen = [best], {repr(best.to_attrs())}
+    for change in variants:
+        attrs = {**best.to_attrs(), **change}
+        if attrs["num_workers"] == 0:
+            attrs.update(prefetch_factor=None, persistent_workers=False)
+        candidate = LoaderSettings.from_attrs(attrs)
+        if repr(candidate.to_attrs()) not in seen:
+            seen.add(repr(candidate.to_attrs()))
+            result.append(candidate)
+    return result
+
+
+def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes: int | None) -> int:
+    """The ``num_workers`` upper bound for ``space``: twice the workers the model needs at its
+    predicted best (at least the usable cores), within memory and :data:`HARD_MAX_WORKERS`.
+
+    A CPU-bound fetch needs about the cores; one that waits on storage needs the cores over
+    its CPU share, which can be many times more.
+    """
+    wide = dataclasses.replace(space, max_workers=HARD_MAX_WORKERS)
+    best = predicted_best(profile, wide)
+    needed = workers_needed(profile, space, best.batch, best.torch_num_threads)
+    cores = max(1, math.ceil(profile.usable_cores))
+    memory = memory_max_workers(profile, host_limit_bytes, best.batch, 2)
+    return max(1, min(max(cores, 2 * needed), memory, HARD_MAX_WORKERS))
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineModel:
+    """The model bound to one study's profile and space: what a trial's attrs are judged by."""
+
+    profile: PipelineProfile
+    bound: float
+    """The most this machine can deliver for the workload (samples/s)."""
+    best: LoaderSettings
+
+    @classmethod
+    def build(
+        cls, profile: PipelineProfile, space: SearchSpace, host_limit_bytes: int | None
+    ) -> PipelineModel:
+        """The bound over ``space`` with as many workers as memory allows."""
+        widest = max(
+            (
+                memory_max_workers(profile, host_limit_bytes, batch, 2)
+                for batch in space.batch_choices()
+            ),
+            default=space.max_workers,
+        )
+        wide = dataclasses.replace(space, max_workers=max(space.max_workers, widest))
+        bound, _ = _best_at(profile, _candidates(wide, _knobs(space)))
+        return cls(profile, bound, predicted_best(profile, space))
+
+    def predict(self, settings: LoaderSettings) -> float:
+        return predict(self.profile, settings).samples_per_sec
+
+
+def model_attrs(
+    model: PipelineModel | None, settings: LoaderSettings, throughput: float | None
+) -> dict[str, float]:
+    """A trial's ``predicted_samples_per_sec`` and ``bound_efficiency`` (empty without a model)."""
+    if model is None:
+        return {}
+    attrs = {"predicted_samples_per_sec": model.predict(settings)}
+    if throughput is not None and model.bound > 0:
+        attrs["bound_efficiency"] = float(throughput) / model.bound
+    return attrs

@@ -1,0 +1,220 @@
+"""The pipeline's steps in a run: profile once, set the worker range, seed the search, stop, grow.
+
+Each study attr here is written once under the study lock by whichever worker of a fleet gets
+there first (as the ceiling is), and read by the others: ``pipeline_profile`` (the
+:class:`~tuner.pipeline.PipelineProfile`) and ``num_workers_max`` (the worker range the model
+set, grown when the best sits at its edge). An older study without the step's rates gets no
+profile, and runs as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import optuna
+from optuna.trial import TrialState
+
+from storage import storage_lock
+from tuner._attrs import has_settings, remeasured, trial_settings
+from tuner._naming import STEP_CPU_ATTR, STEP_RATES_ATTR
+from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._summary import best_trial, trial_throughput
+from tuner.pipeline import (
+    PipelineModel,
+    PipelineProfile,
+    memory_max_workers,
+    model_candidates,
+    store_profile,
+    stored_profile,
+    worker_range,
+)
+from tuner.pipeline._model import HARD_MAX_WORKERS
+from tuner.run._config import PreparedStudy, trial_deadline
+from tuner.run._tools import make_job
+from tuner.search._baselines import enqueue_settings
+from tuner.search._space import SearchSpace
+from tuner.trial._protocol import Mode
+from tuner.trial._supervisor import Supervisor
+
+__all__ = [
+    "BOUND_STOP_FRACTION",
+    "MAX_MODEL_SEEDS",
+    "MODEL_SEED_ATTR",
+    "WORKER_RANGE_ATTR",
+    "bound_stop_candidate",
+    "bound_stop_message",
+    "enqueue_model_seeds",
+    "grow_worker_range",
+    "model_space",
+    "profile_pipeline",
+]
+
+_log = logging.getLogger("tuner")
+
+WORKER_RANGE_ATTR = "num_workers_max"
+MODEL_SEED_ATTR = "model_seed"
+"""Trial user attr on the model's seeds: ``predicted-best`` or ``neighbour``."""
+
+MAX_MODEL_SEEDS = 4
+"""The predicted best and three neighbours: with the two baselines, six trials before sampling."""
+
+BOUND_STOP_FRACTION = 0.95
+"""A re-measured best within 5% of the bound ends the study: the model says nothing is left."""
+
+CONFIRM_TRIALS = 2
+"""Trials after the seeds that must not beat the seeded best for it to count as confirmed."""
+
+PROFILE_BUDGET_S = 1.0
+
+
+def profile_pipeline(
+    prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor, space: SearchSpace
+) -> PipelineProfile | None:
+    """The study's profile: stored, or measured now in a trial child (a second or two)."""
+    attrs = study.user_attrs
+    profile = stored_profile(attrs)
+    if profile is not None:
+        return profile
+    if STEP_RATES_ATTR not in attrs or STEP_CPU_ATTR not in attrs:
+        return None  # no ceiling measured: the step's side of the model is unknown
+    settings = space.main_process_settings(space.clamp_batch(prepared.workload.default_batch_size))
+    job = make_job(prepared, settings, Mode.PIPELINE).replace(
+        batches=tuple(space.batch_choices()), budget_s=PROFILE_BUDGET_S
+    )
+    outcome = supervisor.run(job, trial_deadline(prepared.config))
+    if outcome.state != "complete":
+        _log.warning("pipeline not profiled: %s", outcome.error or outcome.reason)
+        return None
+    profile = PipelineProfile.from_attrs(
+        {
+            **outcome.attrs,
+            "usable_cores": float(prepared.fingerprint.usable_cpus),
+            "step_rates": attrs[STEP_RATES_ATTR],
+            "step_cpu_s": attrs[STEP_CPU_ATTR],
+        }
+    )
+    with storage_lock(prepared.config.storage, prepared.study_name):
+        fresh = stored_profile(study.user_attrs)  # another worker may have profiled meanwhile
+        if fresh is not None:
+            return fresh
+        store_profile(study, profile)
+    return profile
+
+
+def model_space(
+    study: optuna.Study,
+    storage_url: str,
+    study_name: str,
+    space: SearchSpace,
+    profile: PipelineProfile,
+    host_limit_bytes: int | None,
+) -> SearchSpace:
+    """``space`` with the worker range the model sets (stored once, so a fleet agrees)."""
+    stored = study.user_attrs.get(WORKER_RANGE_ATTR)
+    if stored is None:
+        with storage_lock(storage_url, study_name):
+            stored = study.user_attrs.get(WORKER_RANGE_ATTR)
+            if stored is None:
+                stored = worker_range(profile, space, host_limit_bytes)
+                study.set_user_attr(WORKER_RANGE_ATTR, stored)
+    return dataclasses.replace(space, max_workers=int(stored))
+
+
+def enqueue_model_seeds(study: optuna.Study, space: SearchSpace, model: PipelineModel) -> int:
+    """Queue the predicted best and its nearest neighbours; the caller holds the study lock and
+    has just queued the baselines (so this happens once per study). Returns how many."""
+    seeds = model_candidates(model.profile, space)[:MAX_MODEL_SEEDS]
+    for number, settings in enumerate(seeds):
+        enqueue_settings(
+            study,
+            space,
+            settings,
+            **{MODEL_SEED_ATTR: "predicted-best" if number == 0 else "neighbour"},
+        )
+    return len(seeds)
+
+
+def _finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+
+
+def bound_stop_candidate(
+    study: optuna.Study, model: PipelineModel
+) -> optuna.trial.FrozenTrial | None:
+    """The best trial once the seeds are done and it is near the bound or the seeded best held
+    against :data:`CONFIRM_TRIALS` later trials; None while searching on is worth it."""
+    finished = _finished(study)
+    seeds = [t for t in finished if MODEL_SEED_ATTR in t.user_attrs]
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
+    if not seeds or any(MODEL_SEED_ATTR in t.user_attrs for t in waiting):
+        return None
+    best = best_trial(study)
+    if best is None:
+        return None
+    throughput = trial_throughput(best, remeasured(study))
+    if throughput >= BOUND_STOP_FRACTION * model.bound:
+        return best
+    last_seed = max(t.number for t in seeds)
+    after = [t for t in finished if t.number > last_seed and "baseline" not in t.user_attrs]
+    if MODEL_SEED_ATTR in best.user_attrs and len(after) >= CONFIRM_TRIALS:
+        return best
+    return None
+
+
+def bound_stop_message(study: optuna.Study, model: PipelineModel) -> str | None:
+    """Why the study stops now (its candidate re-measured), or None."""
+    best = bound_stop_candidate(study, model)
+    medians = remeasured(study)
+    if best is None or best.number not in medians:
+        return None
+    throughput = medians[best.number]
+    share = throughput / model.bound if model.bound else 0.0
+    if throughput >= BOUND_STOP_FRACTION * model.bound:
+        why = f"{share:.1%} of the bound ({model.bound:,.1f} samples/s the model allows here)"
+    else:
+        why = (
+            f"the model's seeded best held against {CONFIRM_TRIALS} sampled trials "
+            f"({share:.1%} of the bound)"
+        )
+    return (
+        f"stopping early: trial {best.number} reaches {throughput:,.1f} samples/s re-measured, "
+        + why
+    )
+
+
+def grow_worker_range(
+    study: optuna.Study,
+    storage_url: str,
+    study_name: str,
+    space: SearchSpace,
+    profile: PipelineProfile,
+    host_limit_bytes: int | None,
+) -> SearchSpace | None:
+    """A wider space when the best sits at the top of the worker range and waits for data with
+    CPUs to spare (``input-bound`` or ``io-bound``); None when the space stays.
+
+    The range doubles, within memory and :data:`~tuner.pipeline._model.HARD_MAX_WORKERS`.
+    Optuna's GP then models ``num_workers`` independently for a while (its distribution
+    changed); TPE takes the wider range in its stride.
+    """
+    if "num_workers" in space.fixed:
+        return None
+    best = best_trial(study)
+    if best is None or not has_settings(best):
+        return None
+    settings = trial_settings(best)
+    diagnosis = diagnose_trial(best)
+    if settings.num_workers < space.max_workers or diagnosis is None:
+        return None
+    if diagnosis.bottleneck not in ("input-bound", "io-bound"):
+        return None
+    cap = min(HARD_MAX_WORKERS, memory_max_workers(profile, host_limit_bytes, settings.batch, 2))
+    grown = min(cap, 2 * space.max_workers)
+    if grown <= space.max_workers:
+        return None
+    with storage_lock(storage_url, study_name):
+        stored = int(study.user_attrs.get(WORKER_RANGE_ATTR, space.max_workers))
+        grown = max(grown, stored)
+        study.set_user_attr(WORKER_RANGE_ATTR, grown)
+    return dataclasses.replace(space, max_workers=grown)

@@ -1,0 +1,228 @@
+"""The pipeline profile's measured part, in a trial child: fetch, collate, IPC, transfer, memory.
+
+Runs in the trial child (mode ``pipeline``); the study side turns the result into a
+:class:`~tuner.pipeline.PipelineProfile` (with the step's rates from the ceiling measurement and
+the usable cores) and stores it. What each number means is written there.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import pickle
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import psutil
+import torch
+import torch.multiprocessing  # registers the tensor reductions a worker queue pickles with
+from torch.utils.data import DataLoader, default_collate
+
+from objectives import Workload, move_to_device
+from tuner.search._settings import LoaderSettings
+from tuner.trial._measure import count_samples, synchronize
+
+__all__ = ["measure_pipeline", "samples_per_batch"]
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.element_size() * value.nelement()
+    if isinstance(value, Mapping):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def _profile_worker(
+    conn: Connection, workload: Workload, batches: Sequence[Sequence[int]], budget_s: float
+) -> None:
+    """A stand-in DataLoader worker: fetch, collate and pickle batches, timing each part."""
+    torch.set_num_threads(1)  # as DataLoader workers run
+    conn.send("ready")
+    collate = workload.collate_fn or default_collate
+    walls: list[float] = []
+    cpus: list[float] = []
+    queued: list[float] = []
+    collates: list[float] = []
+    dumps: list[float] = []
+    loads: list[float] = []
+    started = time.perf_counter()
+    batch: Any = None
+    for number, indices in enumerate(batches):
+        if number >= 3 and time.perf_counter() - started > budget_s:
+            break
+        samples = []
+        for index in indices:
+            runqueue = _runqueue_s()
+            wall, cpu = time.perf_counter(), time.process_time()
+            samples.append(workload.dataset[index])
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+            queued.append(_runqueue_s() - runqueue)
+        began = time.perf_counter()
+        batch = collate(samples)
+        collates.append((time.perf_counter() - began) / len(indices))
+        began = time.perf_counter()
+        buffer = io.BytesIO()
+        ForkingPickler(buffer).dump(batch)  # what a worker's queue does: tensors into shm
+        dumps.append((time.perf_counter() - began) / len(indices))
+        began = time.perf_counter()
+        ForkingPickler.loads(buffer.getvalue())
+        loads.append((time.perf_counter() - began) / len(indices))
+    memory = psutil.Process().memory_full_info()
+    # The first batch pays first-touch costs (imports, caches); leave it out when there are more.
+    first = len(batches[0]) if len(collates) > 1 else 0
+    conn.send(
+        {
+            "fetch_wall_s": statistics.fmean(walls[first:]),
+            "fetch_cpu_s": statistics.fmean(cpus[first:]),
+            "fetch_runqueue_s": statistics.fmean(queued[first:]),
+            "collate_s": statistics.median(collates[1:] or collates),
+            "ipc_dump_s": statistics.median(dumps[1:] or dumps),
+            "ipc_load_s": statistics.median(loads[1:] or loads),
+            "worker_uss_bytes": int(memory.uss),
+            "worker_pss_bytes": int(getattr(memory, "pss", memory.uss)),
+            "sample_bytes": _tensor_bytes(batch) / max(1, len(batches[len(collates) - 1])),
+            "measured_samples": len(walls),
+        }
+    )
+    # Plain pickle, not shared memory: this process exits before the batch is read.
+    conn.send_bytes(pickle.dumps(batch))
+    conn.close()
+
+
+def _runqueue_s(path: str = "/proc/thread-self/schedstat") -> float:
+    """Seconds this thread has waited for a CPU while runnable (0 where the kernel hides it):
+    on a shared machine, time a fetch spends queued behind other work, not waiting on I/O."""
+    try:
+        with open(path) as file:
+            return int(file.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _index_batches(workload: Workload, batch: int, seed: int, count: int) -> list[list[int]]:
+    """The first ``count`` batches an epoch would fetch (the workload's batch sampler if any)."""
+    if workload.batch_sampler is not None:
+        plan = [list(b) for b in workload.batch_sampler(workload.dataset, batch, seed)]
+        return plan[:count]
+    order = torch.randperm(len(workload.dataset), generator=torch.Generator().manual_seed(seed))
+    indices = order.tolist()
+    size = max(1, min(batch, len(indices)))
+    return [indices[i : i + size] for i in range(0, min(len(indices), size * count), size)]
+
+
+def samples_per_batch(workload: Workload, batches: Sequence[int], seed: int) -> dict[int, float]:
+    """Each batch value's samples: the value itself, or a batch sampler's epoch mean."""
+    if workload.batch_sampler is None:
+        return {b: float(min(b, len(workload.dataset))) for b in batches}
+    result = {}
+    for value in batches:
+        plan = [len(b) for b in workload.batch_sampler(workload.dataset, value, seed)]
+        result[value] = sum(plan) / len(plan) if plan else 1.0
+    return result
+
+
+def _loader_cpu_s(
+    workload: Workload, batch: int, seed: int, budget_s: float, workers: int = 2
+) -> tuple[float, float]:
+    """CPU seconds per sample of a real DataLoader (``workers`` workers, no step): in the main
+    process and in the workers, counted from the first batch for about ``budget_s``."""
+    # Persistent: the workers outlive an epoch that ends early, so their CPU can still be read.
+    settings = LoaderSettings(
+        batch=batch, num_workers=workers, prefetch_factor=2, persistent_workers=True
+    )
+    loader = DataLoader(workload.dataset, **settings.build_dataloader_kwargs(workload, seed))
+    me = psutil.Process()
+    iterator = iter(loader)
+    try:
+        next(iterator)
+        children = me.children()
+        before = sum(_cpu_s(child) for child in children)
+        main_before, started, samples = time.process_time(), time.perf_counter(), 0
+        for batch_value in iterator:
+            samples += count_samples(batch_value)
+            if time.perf_counter() - started > budget_s:
+                break
+        main_s = time.process_time() - main_before
+        workers_s = max(0.0, sum(_cpu_s(child) for child in children) - before)
+    finally:
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+    return main_s / max(1, samples), workers_s / max(1, samples)
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    try:
+        times = process.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0.0
+    return times.user + times.system
+
+
+def _transfer_s(batch: Any, device: torch.device, samples: int) -> float:
+    """Seconds per sample to copy a collated batch to ``device`` (median of a few copies)."""
+    times = []
+    for _ in range(5):
+        began = time.perf_counter()
+        move_to_device(batch, device)
+        synchronize(device)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) / max(1, samples)
+
+
+def measure_pipeline(
+    workload: Workload,
+    batch: int,
+    device: torch.device,
+    batches: Sequence[int],
+    seed: int = 0,
+    budget_s: float = 1.0,
+    max_batches: int = 64,
+) -> dict[str, Any]:
+    """The profile's measured part (all but the step's rates and the cores), as attrs.
+
+    ``batch`` is the batch value profiled (the workload's default); ``batches`` every value the
+    space holds, for ``samples_per_batch``. At least three batches are fetched, more while
+    ``budget_s`` lasts.
+    """
+    plan = _index_batches(workload, batch, seed, max_batches)
+    if not plan:
+        raise ValueError("the workload yields no batch to profile")
+    parent, child = multiprocessing.Pipe()
+    started = time.perf_counter()
+    worker = multiprocessing.Process(
+        target=_profile_worker, args=(child, workload, plan, budget_s), daemon=True
+    )
+    worker.start()
+    child.close()
+    try:
+        parent.recv()
+        worker_start_s = time.perf_counter() - started
+        stats = parent.recv()
+        last = pickle.loads(parent.recv_bytes())
+    finally:
+        worker.join(timeout=10)
+        if worker.is_alive():
+            worker.kill()
+    samples = len(plan[0])
+    main_cpu_s, worker_cpu_s = _loader_cpu_s(workload, batch, seed, budget_s)
+    return {
+        **stats,
+        "loader_main_cpu_s": main_cpu_s,
+        "loader_worker_cpu_s": worker_cpu_s,
+        "transfer_s": _transfer_s(last, device, samples),
+        "worker_start_s": worker_start_s,
+        "samples_per_batch": {
+            str(k): v for k, v in samples_per_batch(workload, batches, seed).items()
+        },
+        "profiled_batch": batch,
+        "dataset_samples": len(workload.dataset),
+    }
