@@ -2,8 +2,9 @@
 baselines, trials, re-measurement, summary.
 
 :func:`run_study` (``_study``) orchestrates; :class:`TrialRunner` (``_runner``) turns one Optuna
-trial into a supervised child and its result into user attrs; the probe (``_probe``), the
-ceiling's stop rule (``_ceiling``) and the final re-measurement (``_remeasure``) are its steps.
+trial into a supervised child and its result into user attrs, after asking the memory wall
+(``_walls``) whether the setting need run at all; the probe (``_probe``), the ceiling's stop
+rule (``_ceiling``) and the final re-measurement (``_remeasure``) are its steps.
 """
 
 from __future__ import annotations
