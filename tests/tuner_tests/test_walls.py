@@ -8,6 +8,7 @@ import optuna
 from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.run._runner import measured_twin
 from tuner.run._walls import PREDICTED_PEAK_ATTR, RETEST_ATTR, memory_walls, wall_verdict
 from tuner.search._memory_model import MemoryFigures, predicted_peak_bytes
 from tuner.search._settings import LoaderSettings
@@ -100,3 +101,14 @@ def test_no_re_test_where_the_model_says_it_does_not_fit() -> None:
     assert (verdict.dominated_by, verdict.retest_of) == (4, None)
     assert verdict.predicted_peak_bytes is not None and verdict.predicted_peak_bytes > LIMIT
     assert PREDICTED_PEAK_ATTR == "predicted_peak_host_memory_bytes"
+
+
+def test_a_setting_stopped_twice_on_a_prediction_is_not_run_a_third_time() -> None:
+    leaky = setting(2, 64)
+    once = [guard_pruned(0, leaky, predicted=True)]
+    assert measured_twin(once, leaky) is None  # one prediction may be wrong: run it again
+    twice = [*once, guard_pruned(1, leaky, predicted=True)]
+    twin = measured_twin(twice, leaky)
+    assert twin is not None and twin.number == 1
+    assert memory_walls(twice) == []  # and still no wall for the settings around it
+    assert measured_twin(twice, setting(2, 128)) is None

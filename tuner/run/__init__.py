@@ -4,9 +4,11 @@ baselines, trials, re-measurement, summary.
 :func:`prepare` (``_config``) checks a :class:`StudyConfig` before anything is written;
 :func:`run_study` (``_study``) orchestrates; :func:`trial_tools` and :func:`make_runner`
 (``_tools``) are the one factory for the guard, supervisor, jobs and :class:`TrialRunner`
-(``_runner``: one Optuna trial as a supervised child); the probe (``_probe``) and the ceiling
-(``_ceiling``) are measured once per study (``_once``); ``_samplers`` names the strategies;
-``_remeasure`` re-measures the top candidates side by side.
+(``_runner``: one Optuna trial as a supervised child, after asking the memory wall
+(``_walls``) whether the setting need run at all); the probe (``_probe``) and the ceiling
+(``_ceiling``) are measured once per study (``_once``); ``_pipeline`` holds the pipeline
+model's steps; ``_samplers`` names the strategies; ``_remeasure`` re-measures the top
+candidates side by side.
 """
 
 from __future__ import annotations

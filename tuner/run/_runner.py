@@ -55,13 +55,16 @@ REPEAT_ATTRS_SKIPPED = (SETTINGS_ATTR, "machine", "baseline", "warm_start_from",
 def measured_twin(
     trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings
 ) -> optuna.trial.FrozenTrial | None:
-    """An earlier trial of exactly ``settings`` that completed, or that the pruner stopped.
+    """An earlier trial of exactly ``settings`` that completed, or that the pruner stopped, or
+    the latest of two the guard stopped on a prediction.
 
     Samplers propose a setting again once they close in on it; measuring it again would spend a
     whole trial on a number the study already holds. Trials that failed or timed out are not
-    twins: their cause may have passed.
+    twins: their cause may have passed. One prediction may be wrong, so a setting stopped on
+    one runs again; stopped twice, it is not run a third time (nor does it make a wall).
     """
     wanted = settings.to_attrs()
+    predicted = []
     for trial in trials:
         if stored_settings(trial) != wanted:
             continue
@@ -69,7 +72,9 @@ def measured_twin(
             trial.state == TrialState.PRUNED and trial.user_attrs.get("pruned_reason") == "pruner"
         ):
             return trial
-    return None
+        if trial.state == TrialState.PRUNED and trial.user_attrs.get("guard_predicted"):
+            predicted.append(trial)
+    return predicted[-1] if len(predicted) >= 2 else None
 
 
 def _answer_from_storage(
@@ -85,8 +90,7 @@ def _answer_from_storage(
     attrs["repeat_of"] = twin.number
     if twin.state == TrialState.COMPLETE:
         return TrialOutcome("complete", {**attrs, "samples_per_sec": twin.value})
-    attrs.pop("pruned_reason", None)
-    return TrialOutcome("pruned", attrs, reason="pruner")
+    return TrialOutcome("pruned", attrs, reason=str(attrs.pop("pruned_reason", "pruner")))
 
 
 def _wall_attrs(walls: WallVerdict) -> dict[str, int]:

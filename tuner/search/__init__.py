@@ -2,13 +2,15 @@
 
 One setting (:class:`LoaderSettings`, ``_settings``), the space Optuna samples it from
 (:class:`SearchSpace`, ``_space``), the two baselines every study measures first
-(``_baselines``), and the early-stopping rule for throughput trials (``_pruner``). Nothing here
-runs a trial or touches the machine.
+(``_baselines``), the early-stopping rule for throughput trials (``_pruner``), and the model of
+a setting's host memory that the memory wall consults (``_memory_model``). Nothing here runs a
+trial or touches the machine.
 """
 
 from __future__ import annotations
 
 from tuner.search._baselines import baseline_settings, enqueue_baselines, rule_of_thumb_workers
+from tuner.search._memory_model import MemoryFigures, fit_memory_figures, predicted_peak_bytes
 from tuner.search._pruner import BelowBestPruner
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace, SpaceError, optuna_params
@@ -16,10 +18,13 @@ from tuner.search._space import SearchSpace, SpaceError, optuna_params
 __all__ = [
     "BelowBestPruner",
     "LoaderSettings",
+    "MemoryFigures",
     "SearchSpace",
     "SpaceError",
     "baseline_settings",
     "enqueue_baselines",
+    "fit_memory_figures",
     "optuna_params",
+    "predicted_peak_bytes",
     "rule_of_thumb_workers",
 ]
