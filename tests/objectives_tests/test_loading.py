@@ -61,7 +61,7 @@ def _error(spec: str, options: dict[str, object] | None = None) -> str:
 
 
 def test_builtins() -> None:
-    assert set(BUILTIN_WORKLOADS) == {"image", "text"}
+    assert set(BUILTIN_WORKLOADS) == {"image", "text", "storage"}
     assert issubclass(WorkloadError, ValueError)
     image = load_workload("image", {"images": 8, "resolution": 32, "collate": "uint8"})
     assert image.name == "image" and len(image.dataset) == 8  # type: ignore[arg-type]
@@ -118,7 +118,7 @@ def test_file_workload_in_spawn_workers(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("isolated_imports")
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:
-    assert "is not a built-in (image, text), 'package.module:attr'" in _error("nonsense")
+    assert "is not a built-in (image, text, storage), 'package.module:attr'" in _error("nonsense")
     assert "is not a built-in" in _error("tests.objectives_tests.sample_workload:")
     assert "no module named 'no_such_module_x'" in _error("no_such_module_x:workload")
     assert "has no attribute 'missing'" in _error("tests.objectives_tests.sample_workload:missing")

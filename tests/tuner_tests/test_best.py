@@ -78,7 +78,7 @@ loader = DataLoader(
 
 @pytest.fixture(scope="module")
 def image_study(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A short real image study whose every trial but the baselines runs ``collate=uint8``."""
+    """A short real image study whose every trial, the baselines too, runs ``collate=uint8``."""
     url = f"sqlite:///{tmp_path_factory.mktemp('best') / 'tuner.db'}"
     flags = ("--n-trials", "4", "--fix", "collate=uint8", "--remeasure-rounds", "1")
     result = study_cli(url, "image", *IMAGE_OPTIONS, *flags)

@@ -99,7 +99,7 @@ def test_three_workers_finish_exactly_the_total_with_baselines_once(postgres_url
         "json",
     )
     assert best.returncode == 0, best.stderr
-    assert "num_workers" in json.loads(best.stdout)
+    assert "num_workers" in json.loads(best.stdout)["dataloader"]
 
 
 def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(postgres_url: str) -> None:

@@ -27,7 +27,8 @@ def load_trials(db: Path) -> list[FrozenTrial]:
     return study.get_trials(deepcopy=False)
 
 
-def study_cli(db: Path, objective: str, *flags: str, cwd: Path) -> None:
+def study_cli(db: Path, objective: str, *flags: str, cwd: Path, returncode: int = 0) -> str:
+    """Run the study; check its exit status; its stderr."""
     result = run_cli(
         "tuner.study",
         "--hardware",
@@ -43,14 +44,15 @@ def study_cli(db: Path, objective: str, *flags: str, cwd: Path) -> None:
         cwd=cwd,
         timeout=240,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == returncode, result.stderr
+    return result.stderr
 
 
 def test_leaky_study_stops_each_leak_before_the_limit_and_walls_only_confirmed_breaches(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "t.db"
-    study_cli(
+    stderr = study_cli(
         db,
         "tests.tuner_tests.workloads:leaky",
         "--n-trials",
@@ -61,7 +63,9 @@ def test_leaky_study_stops_each_leak_before_the_limit_and_walls_only_confirmed_b
         "1.5GiB",
         "--no-probe-batch",
         cwd=tmp_path,
+        returncode=1,  # a run with no completed trial has no answer to give
     )
+    assert "no trial completed" in stderr.splitlines()[-1]
 
     trials = load_trials(db)
     assert len(trials) == 3

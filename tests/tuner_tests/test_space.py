@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 
@@ -117,6 +119,16 @@ def test_baselines() -> None:
     assert rule.num_workers == rule_of_thumb_workers(4) == 3
     assert (rule.prefetch_factor, rule.persistent_workers, rule.pin_memory) == (2, True, False)
     assert baseline_settings(_space(cuda=True), 4)["rule-of-thumb"].pin_memory is True
+
+
+def test_baselines_run_the_knobs_the_user_fixed_and_the_defaults_of_the_rest() -> None:
+    image = load_workload("image", {"images": 16, "resolution": 32})
+    space = _space(workload=image, max_workers=2)
+    assert {b.knobs["collate"] for b in baseline_settings(space, 2).values()} == {"float"}
+    space = dataclasses.replace(space, fixed=space.parse_fixed(["collate=uint8", "batch_size=8"]))
+    baselines = baseline_settings(space, 2)
+    assert {b.knobs["collate"] for b in baselines.values()} == {"uint8"}
+    assert space.main_process_settings(8).knobs == {"collate": "uint8"}
 
 
 def test_settings_round_trip_and_dominance() -> None:

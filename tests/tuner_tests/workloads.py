@@ -194,7 +194,7 @@ def stacking_collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tenso
 
 
 def sleepy_collate(batch: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The default of :func:`knobbed`'s knob: 0.1 s per batch, so the baselines lose to it."""
+    """The default of :func:`knobbed`'s knob: 0.1 s per batch, far slower than the other."""
     time.sleep(0.1)
     return stacking_collate(batch)
 
@@ -218,8 +218,8 @@ def _knobbed(*, collate: str) -> Workload:
 def knobbed() -> Workload:
     """The fast workload with a knob of its own, applied by ``configure`` as the image one is.
 
-    The baselines run the knob's default (``sleepy``), so a study fixing ``collate=stacked``
-    has its best at the tuned value, away from the default.
+    Its knob's default is ``sleepy``; a study fixing ``collate=stacked`` runs every trial, the
+    baselines too, with the other value, so its best is away from the default.
     """
     return _knobbed(collate="sleepy")
 

@@ -180,7 +180,7 @@ def _best_at(
 
 def workers_needed(profile: PipelineProfile, space: SearchSpace, batch: int, threads: int) -> int:
     """The fewest workers whose prediction is within 3% of unlimited workers' (at ``batch``)."""
-    knobs = space.workload.default_knobs
+    knobs = space.base_knobs
 
     def rate(workers: int) -> float:
         settings = space.settings(
@@ -214,16 +214,9 @@ def _candidates(space: SearchSpace, knobs: Mapping[str, Any]) -> list[LoaderSett
     return result
 
 
-def _knobs(space: SearchSpace) -> dict[str, Any]:
-    return {
-        **space.workload.default_knobs,
-        **{k: v for k, v in space.fixed.items() if k in space.workload.knobs},
-    }
-
-
 def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettings:
     """The setting of ``space`` the model rates fastest (the cheapest among near-ties)."""
-    _, best = _best_at(profile, _candidates(space, _knobs(space)))
+    _, best = _best_at(profile, _candidates(space, space.base_knobs))
     assert best is not None  # a space always holds at least one setting
     return best
 
@@ -300,7 +293,7 @@ class PipelineModel:
             default=space.max_workers,
         )
         wide = dataclasses.replace(space, max_workers=max(space.max_workers, widest))
-        bound, _ = _best_at(profile, _candidates(wide, _knobs(space)))
+        bound, _ = _best_at(profile, _candidates(wide, space.base_knobs))
         return cls(profile, bound, predicted_best(profile, space))
 
     def predict(self, settings: LoaderSettings) -> float:

@@ -2,7 +2,8 @@
 
 ``pytorch-default`` is what a DataLoader does when nothing is set; ``rule-of-thumb`` is the field
 guide's starting point (workers at 3/4 of the physical cores, pinned memory on CUDA, persistent
-workers, ``prefetch_factor=2``). Both use the workload's default batch size and knobs.
+workers, ``prefetch_factor=2``). Both use the workload's default batch size and its base knobs (defaults, ``--fix`` ones over
+them).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def rule_of_thumb_workers(physical_cores: int) -> int:
 def baseline_settings(space: SearchSpace, physical_cores: int) -> dict[str, LoaderSettings]:
     """The baselines on this space: PyTorch's defaults and the rule of thumb."""
     batch = space.clamp_batch(space.workload.default_batch_size)
-    knobs = space.workload.default_knobs
+    knobs = space.base_knobs
     threads = space.max_threads  # torch's own default: one intra-op thread per usable core
     workers = min(space.max_workers, rule_of_thumb_workers(physical_cores))
     return {

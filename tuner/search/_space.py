@@ -221,10 +221,20 @@ class SearchSpace:
             num_workers, batch, prefetch_factor, persistent_workers, pin_memory, threads, knobs
         )
 
+    @property
+    def base_knobs(self) -> dict[str, Any]:
+        """The workload as the user runs it untuned: its default knobs, ``--fix`` ones over them.
+
+        A fixed knob is not searched, so the baselines, the probe and the model run it too:
+        a "x over pytorch-default" never credits the tuner with a choice the user made.
+        """
+        fixed = {knob: value for knob, value in self.fixed.items() if knob in self.workload.knobs}
+        return {**self.workload.default_knobs, **fixed}
+
     def main_process_settings(self, batch: int, pin_memory: bool = False) -> LoaderSettings:
-        """No workers, one intra-op thread, the default knobs: what the probe and the ceiling
+        """No workers, one intra-op thread, the base knobs: what the probe and the ceiling
         measure with (memory and the step alone, not the loader's speed)."""
-        return self.settings(0, batch, None, False, pin_memory, 1, self.workload.default_knobs)
+        return self.settings(0, batch, None, False, pin_memory, 1, self.base_knobs)
 
     def settings(
         self,
