@@ -2,8 +2,8 @@
 
 ``pytorch-default`` is what a DataLoader does when nothing is set; ``rule-of-thumb`` is the field
 guide's starting point (workers at 3/4 of the physical cores, pinned memory on CUDA, persistent
-workers, ``prefetch_factor=2``). Both use the workload's default batch size and its base knobs (defaults, ``--fix`` ones over
-them).
+workers, ``prefetch_factor=2``). Both use the workload's default batch size and its base knobs
+(the defaults, with the ``--fix`` ones over them).
 """
 
 from __future__ import annotations
