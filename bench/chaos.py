@@ -45,8 +45,8 @@ import psutil
 import sqlalchemy
 from optuna.trial import TrialState
 
-from bench.fleet import scratch_database
 from storage._open import DEFAULT_MAX_RETRY
+from storage.testing import scratch_database
 from tuner.insight._table import format_table
 
 ROOT = Path(__file__).resolve().parents[1]

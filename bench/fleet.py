@@ -23,37 +23,19 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import optuna
-import sqlalchemy
 
 from storage import open_storage
+from storage.testing import scratch_database
 from tuner.insight._table import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = "tests.tuner_tests.workloads:fast"
 ATTRS_PER_TRIAL = 16
-
-
-@contextmanager
-def scratch_database(admin_url: str) -> Iterator[str]:
-    admin = sqlalchemy.create_engine(
-        admin_url, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool
-    )
-    name = f"tuner_bench_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as connection:
-        connection.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin.url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _storage_worker(url: str, trials: int, results: multiprocessing.Queue) -> None:

@@ -38,8 +38,8 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
-from bench.fleet import scratch_database
 from storage import open_storage
+from storage.testing import scratch_database
 from tuner.insight._table import format_table
 
 ROOT = Path(__file__).resolve().parents[1]

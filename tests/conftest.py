@@ -7,16 +7,18 @@ answers; under CI (``CI`` set) a missing server is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy
+
+from storage.testing import scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -34,32 +36,14 @@ def _admin_url() -> str:
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test; dropped afterwards."""
-    # No pooling: a test may restart the server, and the teardown needs a fresh connection.
-    admin = sqlalchemy.create_engine(
-        _admin_url(), isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool
-    )
-    try:
-        connection = admin.connect()
-    except sqlalchemy.exc.OperationalError as error:
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL is required in CI: {error}")
-        pytest.skip("no PostgreSQL server reachable")
-    name = f"tuner_test_{uuid.uuid4().hex[:12]}"
-    with connection:
-        connection.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(scratch_database(_admin_url(), "tuner_test"))
+        except sqlalchemy.exc.OperationalError as error:
+            if os.environ.get("CI"):
+                pytest.fail(f"PostgreSQL is required in CI: {error}")
+            pytest.skip("no PostgreSQL server reachable")
         yield url
-    finally:
-        with admin.connect() as connection:
-            connection.execute(
-                sqlalchemy.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"
-                ),
-                {"name": name},
-            )
-            connection.execute(sqlalchemy.text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
 
 
 def free_port() -> int:
@@ -109,17 +93,9 @@ MYSQL_URL = os.environ.get("TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:330
 def mysql_url() -> Iterator[str]:
     """A fresh MariaDB/MySQL database (the server this project's machines run), if reachable."""
     pytest.importorskip("pymysql")
-    admin = sqlalchemy.create_engine(MYSQL_URL, poolclass=sqlalchemy.pool.NullPool)
-    try:
-        connection = admin.connect()
-    except sqlalchemy.exc.OperationalError:
-        pytest.skip("no MySQL/MariaDB server reachable")
-    name = f"tuner_test_{uuid.uuid4().hex[:12]}"
-    with connection:
-        connection.execute(sqlalchemy.text(f"CREATE DATABASE `{name}`"))
-    try:
-        yield admin.url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS `{name}`"))
-        admin.dispose()
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(scratch_database(MYSQL_URL, "tuner_test"))
+        except sqlalchemy.exc.OperationalError:
+            pytest.skip("no MySQL/MariaDB server reachable")
+        yield url

@@ -57,6 +57,16 @@ def add_common(parser: argparse.ArgumentParser, objective: bool = True) -> None:
     parser.add_argument("--profiles", default=None, help="a JSON catalog of more hardware profiles")
 
 
+def add_artifact_dir(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--artifact-dir: the trials' artifact store, where the study writes it and readers look."""
+    parser.add_argument(
+        "--artifact-dir",
+        default=None,
+        help="the trials' artifact store (default: tuner-artifacts/ beside an SQLite file, "
+        "else ./tuner-artifacts)",
+    )
+
+
 def storage_url(value: str | None) -> str:
     return value or default_storage_url()
 

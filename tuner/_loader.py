@@ -21,12 +21,12 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psutil
 from torch.utils.data import DataLoader, Dataset
 
 from objectives import Workload
 from tuner.insight._best import BestSetting, NoResultError, best_setting
 from tuner.machine import (
+    CpuLoad,
     _gpu,
     _memory,
     detect_fingerprint,
@@ -55,7 +55,7 @@ class MachineState:
     """What the loader reads between epochs."""
 
     usable_cpus: int
-    cpu_percent: float
+    cpu_percent: float | None
     available_memory_bytes: int
     total_memory_bytes: int
     gpu_free_fraction: float | None = None
@@ -83,10 +83,13 @@ def _gpu_free_fraction() -> float | None:
     return min(fractions) if fractions else None
 
 
-def read_machine() -> MachineState:
+def read_machine(cpu_load: CpuLoad | None = None) -> MachineState:
+    """The machine now; ``cpu_percent`` is the usable cores' load since ``cpu_load``'s last
+    reading (None without a meter, or when no clock tick has passed)."""
+    shares = cpu_load.read() if cpu_load is not None else None
     return MachineState(
         usable_cpus=usable_cpu_count(),
-        cpu_percent=psutil.cpu_percent(interval=0.1),
+        cpu_percent=shares.busy_percent if shares is not None else None,
         available_memory_bytes=_memory.available_memory_bytes(),
         total_memory_bytes=_memory.total_memory_bytes(),
         gpu_free_fraction=_gpu_free_fraction(),
@@ -134,14 +137,15 @@ class AdaptiveLoader:
         optimum: LoaderSettings,
         batch_param: str,
         dataloader_kwargs: dict[str, Any],
-        read: Callable[[], MachineState] = read_machine,
+        read: Callable[[], MachineState] | None = None,
     ) -> None:
         self.dataset = dataset
         self.optimum = optimum
         self.current = optimum
         self._batch_param = batch_param
         self._extra = dataloader_kwargs
-        self._read = read
+        # The load between two epoch ends is what the next epoch would compete with.
+        self._read = read if read is not None else functools.partial(read_machine, CpuLoad())
         self._loader: DataLoader | None = None
 
     def _build(self) -> DataLoader:
@@ -152,12 +156,13 @@ class AdaptiveLoader:
         """One step down under pressure, one step back up when it is gone; logs each change."""
         state = self._read()
         current, optimum = self.current, self.optimum
-        pressured = (
-            state.cpu_percent >= HIGH_CPU_PERCENT
-            or state.available_fraction <= LOW_AVAILABLE_FRACTION
+        cpu = state.cpu_percent
+        pressured = (cpu is not None and cpu >= HIGH_CPU_PERCENT) or (
+            state.available_fraction <= LOW_AVAILABLE_FRACTION
         )
         relaxed = (
-            state.cpu_percent <= RECOVERED_CPU_PERCENT
+            cpu is not None
+            and cpu <= RECOVERED_CPU_PERCENT
             and state.available_fraction >= RECOVERED_AVAILABLE_FRACTION
         )
         new = current
@@ -178,12 +183,12 @@ class AdaptiveLoader:
         if new != current:
             _log.warning(
                 "loader: num_workers %d -> %d, prefetch_factor %s -> %s "
-                "(cpu %.0f%%, %.0f%% memory available)",
+                "(cpu %s%%, %.0f%% memory available)",
                 current.num_workers,
                 new.num_workers,
                 current.prefetch_factor,
                 new.prefetch_factor,
-                state.cpu_percent,
+                "?" if cpu is None else f"{cpu:.0f}",
                 100 * state.available_fraction,
             )
             self.current = new

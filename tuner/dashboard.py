@@ -26,7 +26,7 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial
 
 from storage import mask_url, open_storage, sqlite_file_missing
-from tuner._cli import ArgumentParser, UsageError, run_cli, storage_url
+from tuner._cli import ArgumentParser, UsageError, add_artifact_dir, run_cli, storage_url
 from tuner.insight._summary import best_trial
 from tuner.trial._artifacts import open_artifact_store
 
@@ -76,11 +76,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument(
-        "--artifact-dir",
-        default=None,
-        help="the trials' artifact store (default: tuner-artifacts/ beside an SQLite file)",
-    )
+    add_artifact_dir(p)
     return p
 
 

@@ -16,7 +16,14 @@ from pathlib import Path
 import optuna
 
 from storage import mask_url, open_storage, sqlite_file_missing
-from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
+from tuner._cli import (
+    ArgumentParser,
+    UsageError,
+    add_artifact_dir,
+    add_common,
+    run_cli,
+    storage_url,
+)
 from tuner._naming import study_name
 from tuner.insight._best import NoResultError, resolve_profile_name
 from tuner.trial._artifacts import artifact_dir_for
@@ -31,11 +38,7 @@ def parser() -> argparse.ArgumentParser:
     )
     add_common(p)
     p.add_argument("--out", required=True, metavar="FILE.html", help="the HTML file to write")
-    p.add_argument(
-        "--artifact-dir",
-        default=None,
-        help="the trials' artifact store (default: tuner-artifacts/ beside an SQLite file)",
-    )
+    add_artifact_dir(p)
     return p
 
 

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 
 import optuna
 
-from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
+from tuner._cli import (
+    ArgumentParser,
+    UsageError,
+    add_artifact_dir,
+    add_common,
+    run_cli,
+    storage_url,
+)
 from tuner.insight._best import NoResultError
 from tuner.run import SAMPLERS, StudyConfig, run_study
 
@@ -85,11 +92,7 @@ def parser() -> argparse.ArgumentParser:
         help="re-measure this many best settings at the end (0: none)",
     )
     run.add_argument("--remeasure-rounds", type=int, default=2)
-    run.add_argument(
-        "--artifact-dir",
-        default=None,
-        help="where trial CSVs go (default: tuner-artifacts/ beside an SQLite file, else ./)",
-    )
+    add_artifact_dir(run)
     run.add_argument("--no-progress", dest="progress", action="store_false")
     guard = p.add_argument_group("memory guard")
     guard.add_argument(

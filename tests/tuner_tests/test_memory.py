@@ -5,6 +5,7 @@ import os
 import shutil
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tuner.machine._cgroup import cgroup_memory
@@ -31,15 +32,39 @@ GiB = 2**30
 # --- host memory, on this machine --------------------------------------------------------------
 
 
-def test_available_is_positive_and_at_most_total() -> None:
-    assert 0 < available_memory_bytes() <= total_memory_bytes()
+def test_available_is_the_kernels_memavailable_as_psutil_reads_it_too() -> None:
+    ours = available_memory_bytes()
+    theirs = int(psutil.virtual_memory().available)  # psutil parses the same MemAvailable line
+    assert abs(ours - theirs) < 256 * MiB  # the machine moves between the two reads
+    assert 0 < ours <= total_memory_bytes() == psutil.virtual_memory().total
 
 
-def test_swap_readings_are_not_negative() -> None:
-    used = swap_used_bytes()
-    assert used is None or used >= 0
+def _swap_used_from_proc_swaps() -> int | None:
+    rows = [line.split() for line in Path("/proc/swaps").read_text().splitlines()[1:]]
+    return sum(int(row[3]) * 1024 for row in rows) if rows else None
+
+
+def _pswpout_bytes() -> int:
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        name, value = line.split()
+        if name == "pswpout":
+            return int(value) * os.sysconf("SC_PAGE_SIZE")
+    raise AssertionError("no pswpout in /proc/vmstat")
+
+
+def test_swap_readings_are_the_kernels_counters() -> None:
+    try:
+        before = _pswpout_bytes()
+        swaps = _swap_used_from_proc_swaps()
+    except (OSError, AssertionError):
+        pytest.skip("this container hides /proc/swaps or /proc/vmstat")
     swapped_out = swap_out_bytes_total()
-    assert swapped_out is None or swapped_out >= 0
+    assert swapped_out is not None and before <= swapped_out <= _pswpout_bytes()
+    used = swap_used_bytes()
+    if swaps is None:
+        assert used is None  # no swap device: "no swap", not "0 bytes of swap"
+    else:
+        assert used is not None and abs(used - swaps) < 64 * MiB
 
 
 def test_kept_open_files_read_what_the_one_off_readers_read() -> None:
@@ -116,9 +141,12 @@ def test_pressure_on_this_machine() -> None:
         Path("/proc/pressure/memory").read_text()
     except OSError:
         pytest.skip("this kernel or container offers no memory PSI")
+    before = parse_memory_pressure(Path("/proc/pressure/memory").read_text())
     reading = memory_pressure()
-    assert reading is not None
-    assert reading.some_avg10 >= 0 and reading.some_total_us >= 0
+    after = parse_memory_pressure(Path("/proc/pressure/memory").read_text())
+    assert before is not None and reading is not None and after is not None
+    # The stall counters only grow: the reader's lies between two direct reads of the file.
+    assert before.some_total_us <= reading.some_total_us <= after.some_total_us
 
 
 # --- sizes -------------------------------------------------------------------------------------

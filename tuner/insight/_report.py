@@ -24,7 +24,7 @@ from plotly.subplots import make_subplots
 
 from tuner._attrs import has_settings, remeasured, study_batch_param, trial_settings
 from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
-from tuner.insight._best import study_best
+from tuner.insight._best import BestSetting, study_best
 from tuner.insight._diagnosis import diagnose_trial
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._summary import efficiency, trial_throughput
@@ -212,6 +212,61 @@ def _cell(value: Any, text: bool = False) -> str:
     return f"<td{css}>{html.escape(str(value))}</td>"
 
 
+_COMPARISON_HEADERS = (
+    "",
+    "trial",
+    "samples/s",
+    "re-measured",
+    "efficiency",
+    "predicted",
+    "of bound",
+    "speedup of best",
+    "data wait",
+    "num_workers",
+    None,  # the batch parameter's name
+    "prefetch",
+    "pin_memory",
+    "persistent",
+    "threads",
+    "bottleneck",
+)
+
+
+def _comparison_row(
+    label: str,
+    trial: FrozenTrial,
+    medians: dict[int, float],
+    best_throughput: float,
+    ceiling: float | None,
+) -> str:
+    """One ``<tr>`` of the comparison table, in the order of :data:`_COMPARISON_HEADERS`."""
+    s = _settings(trial)
+    throughput = trial_throughput(trial, medians)
+    share = efficiency(throughput, ceiling)
+    wait = trial.user_attrs.get("data_wait_fraction")
+    diagnosis = diagnose_trial(trial)
+    again = medians.get(trial.number)
+    cells = [
+        _cell(label, text=True),
+        _cell(trial.number),
+        _cell(f"{trial.value:,.1f}" if trial.value is not None else "-"),
+        _cell(f"{again:,.1f}" if again is not None else "-"),
+        _cell(f"{share:.0%}" if share is not None else "-"),
+        _cell(_number(trial.user_attrs.get("predicted_samples_per_sec"), ",.0f")),
+        _cell(_number(trial.user_attrs.get("bound_efficiency"), ".0%")),
+        _cell(f"{best_throughput / throughput:.2f}x" if throughput else "-"),
+        _cell(f"{float(wait):.0%}" if wait is not None else "-"),
+        _cell(s.num_workers),
+        _cell(s.batch),
+        _cell(s.prefetch_factor if s.prefetch_factor is not None else "-"),
+        _cell(s.pin_memory),
+        _cell(s.persistent_workers),
+        _cell(s.torch_num_threads),
+        _cell(diagnosis.bottleneck if diagnosis is not None else "-", text=True),
+    ]
+    return "<tr>" + "".join(cells) + "</tr>"
+
+
 def _comparison_table(
     study: optuna.Study,
     rows: Sequence[tuple[str, FrozenTrial]],
@@ -221,51 +276,11 @@ def _comparison_table(
 ) -> str:
     medians = remeasured(study)
     best_throughput = trial_throughput(best, medians)
-    headers = [
-        "",
-        "trial",
-        "samples/s",
-        "re-measured",
-        "efficiency",
-        "predicted",
-        "of bound",
-        "speedup of best",
-        "data wait",
-        "num_workers",
-        batch_param,
-        "prefetch",
-        "pin_memory",
-        "persistent",
-        "threads",
-        "bottleneck",
-    ]
+    headers = [batch_param if h is None else h for h in _COMPARISON_HEADERS]
     lines = ["<table>", "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>"]
-    for label, trial in rows:
-        s = _settings(trial)
-        throughput = trial_throughput(trial, medians)
-        share = efficiency(throughput, ceiling)
-        wait = trial.user_attrs.get("data_wait_fraction")
-        diagnosis = diagnose_trial(trial)
-        again = medians.get(trial.number)
-        cells = [
-            _cell(label, text=True),
-            _cell(trial.number),
-            _cell(f"{trial.value:,.1f}" if trial.value is not None else "-"),
-            _cell(f"{again:,.1f}" if again is not None else "-"),
-            _cell(f"{share:.0%}" if share is not None else "-"),
-            _cell(_number(trial.user_attrs.get("predicted_samples_per_sec"), ",.0f")),
-            _cell(_number(trial.user_attrs.get("bound_efficiency"), ".0%")),
-            _cell(f"{best_throughput / throughput:.2f}x" if throughput else "-"),
-            _cell(f"{float(wait):.0%}" if wait is not None else "-"),
-            _cell(s.num_workers),
-            _cell(s.batch),
-            _cell(s.prefetch_factor if s.prefetch_factor is not None else "-"),
-            _cell(s.pin_memory),
-            _cell(s.persistent_workers),
-            _cell(s.torch_num_threads),
-            _cell(diagnosis.bottleneck if diagnosis is not None else "-", text=True),
-        ]
-        lines.append("<tr>" + "".join(cells) + "</tr>")
+    lines += [
+        _comparison_row(label, trial, medians, best_throughput, ceiling) for label, trial in rows
+    ]
     lines.append("</table>")
     if diagnosis := diagnose_trial(best):
         lines.append(
@@ -299,32 +314,19 @@ def _section(title: str, figure: go.Figure | None, div_id: str, missing: str) ->
     return f"<h2>{html.escape(title)}</h2>\n{body}"
 
 
-def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = None) -> str:
-    """The whole report as one HTML document; the caller has checked a trial completed."""
-    trials = study.get_trials(deepcopy=False)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and has_settings(t)]
-    chosen = study_best(study)
-    if chosen is None or chosen.trial is None or not complete:
-        raise ValueError(f"study {study.study_name} has no completed trial")
-    best = chosen.trial
-    batch_param = study_batch_param(study)
-    ceiling = study.user_attrs.get(CEILING_ATTR)
-    ceiling = float(ceiling) if ceiling else None
-
+def _compared(complete: Sequence[FrozenTrial], best: FrozenTrial) -> list[tuple[str, FrozenTrial]]:
+    """The baselines (first of each name) and the best, in the order the report shows them."""
     baselines: dict[str, FrozenTrial] = {}
     for trial in complete:
         name = trial.user_attrs.get("baseline")
         if name in (BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB) and name not in baselines:
             baselines[name] = trial
-    compared = [(name, trial) for name, trial in sorted(baselines.items())]
-    compared.append(("best", best))
+    return [*sorted(baselines.items()), ("best", best)]
 
-    timelines = []
-    for label, trial in compared:
-        rows = trial_timeline(study, trial, store)
-        if rows:
-            timelines.append((f"{label} (trial {trial.number})", rows))
 
+def _headline(study: optuna.Study, chosen: BestSetting, ceiling: float | None) -> str:
+    """The trial counts by state, then the best with its share of the ceiling and the bound."""
+    trials = study.get_trials(deepcopy=False)
     counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
     summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
     headline = f"best: trial {chosen.trial_number}, {chosen.samples_per_sec:,.1f} samples/s"
@@ -336,6 +338,26 @@ def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = No
     bound = bound_of(study.user_attrs)
     if bound:
         headline += f", {chosen.samples_per_sec / bound:.0%} of the bound ({bound:,.1f} samples/s)"
+    return f"{summary}; {headline}."
+
+
+def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = None) -> str:
+    """The whole report as one HTML document; the caller has checked a trial completed."""
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and has_settings(t)]
+    chosen = study_best(study)
+    if chosen is None or chosen.trial is None or not complete:
+        raise ValueError(f"study {study.study_name} has no completed trial")
+    best = chosen.trial
+    batch_param = study_batch_param(study)
+    ceiling = study.user_attrs.get(CEILING_ATTR)
+    ceiling = float(ceiling) if ceiling else None
+    compared = _compared(complete, best)
+    timelines = [
+        (f"{label} (trial {trial.number})", rows)
+        for label, trial in compared
+        if (rows := trial_timeline(study, trial, store))
+    ]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -344,7 +366,7 @@ def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = No
         f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>',
         "</head><body>",
         f"<h1>{html.escape(study.study_name)}</h1>",
-        f"<p>{html.escape(summary)}; {html.escape(headline)}.</p>",
+        f"<p>{html.escape(_headline(study, chosen, ceiling))}</p>",
         "<h2>Baselines against the best</h2>",
         _comparison_table(study, compared, best, ceiling, batch_param),
         _pipeline_paragraph(study, trials),
@@ -354,12 +376,7 @@ def build_report(study: optuna.Study, store: FileSystemArtifactStore | None = No
             "throughput",
             "",
         ),
-        _section(
-            "History",
-            _history_figure(trials, ceiling, batch_param),
-            "history",
-            "",
-        ),
+        _section("History", _history_figure(trials, ceiling, batch_param), "history", ""),
         _section(
             "Parameter importances",
             _importance_figure(study),

@@ -11,6 +11,7 @@ does not offer it.
 from __future__ import annotations
 
 from tuner.machine._cgroup import CgroupMemory, cgroup_cpu_limit, cgroup_memory
+from tuner.machine._cpu_load import CpuLoad, CpuShares
 from tuner.machine._fingerprint import (
     Fingerprint,
     auto_profile_name,
@@ -35,6 +36,8 @@ from tuner.machine._profiles import (
 __all__ = [
     "AUTO_PROFILE",
     "CgroupMemory",
+    "CpuLoad",
+    "CpuShares",
     "Fingerprint",
     "GpuReader",
     "NoGpuReader",

@@ -2,7 +2,7 @@
 further is pointless.
 
 The ceiling itself (the step alone on a batch already on the device) is measured in a trial
-child by :func:`tuner.trial._ceiling.measure_ceiling`; :func:`study_ceiling` runs that child once
+child by :func:`tuner.trial._ceiling.measure_step_rates`; :func:`study_ceiling` runs that child once
 per study, and :func:`ceiling_stop_message` decides, from the study's stored trials, when its
 best is near enough to stop.
 """

@@ -10,6 +10,7 @@ profile, and runs as before.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import optuna
@@ -31,6 +32,7 @@ from tuner.pipeline import (
 )
 from tuner.pipeline._model import HARD_MAX_WORKERS
 from tuner.run._config import PreparedStudy, trial_deadline
+from tuner.run._once import once_per_study
 from tuner.run._tools import make_job
 from tuner.search._baselines import enqueue_settings
 from tuner.search._space import SearchSpace
@@ -105,19 +107,13 @@ def profile_pipeline(
 def model_space(
     study: optuna.Study,
     storage_url: str,
-    study_name: str,
     space: SearchSpace,
     profile: PipelineProfile,
     host_limit_bytes: int | None,
 ) -> SearchSpace:
     """``space`` with the worker range the model sets (stored once, so a fleet agrees)."""
-    stored = study.user_attrs.get(WORKER_RANGE_ATTR)
-    if stored is None:
-        with storage_lock(storage_url, study_name):
-            stored = study.user_attrs.get(WORKER_RANGE_ATTR)
-            if stored is None:
-                stored = worker_range(profile, space, host_limit_bytes)
-                study.set_user_attr(WORKER_RANGE_ATTR, stored)
+    measure = functools.partial(worker_range, profile, space, host_limit_bytes)
+    stored = once_per_study(study, storage_url, WORKER_RANGE_ATTR, measure)
     return dataclasses.replace(space, max_workers=int(stored))
 
 
@@ -186,7 +182,6 @@ def bound_stop_message(study: optuna.Study, model: PipelineModel) -> str | None:
 def grow_worker_range(
     study: optuna.Study,
     storage_url: str,
-    study_name: str,
     space: SearchSpace,
     profile: PipelineProfile,
     host_limit_bytes: int | None,
@@ -213,7 +208,7 @@ def grow_worker_range(
     grown = min(cap, 2 * space.max_workers)
     if grown <= space.max_workers:
         return None
-    with storage_lock(storage_url, study_name):
+    with storage_lock(storage_url, study.study_name):
         stored = int(study.user_attrs.get(WORKER_RANGE_ATTR, space.max_workers))
         grown = max(grown, stored)
         study.set_user_attr(WORKER_RANGE_ATTR, grown)

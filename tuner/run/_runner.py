@@ -188,8 +188,9 @@ class TrialRunner:
         period (a stalled network, a long restart) while it measured: the trial is FAIL and a
         re-queued copy holds its setting, so this result is dropped rather than written twice.
         """
+        attrs = self._trial_attrs(settings, outcome)
         try:
-            self._record(study, trial, settings, outcome)
+            self._write(study, trial, attrs, outcome)
         except optuna.exceptions.UpdateFinishedTrialError:
             _log.warning(
                 "trial %d was failed as stale by another worker while this one measured it; "
@@ -197,13 +198,8 @@ class TrialRunner:
                 trial.number,
             )
 
-    def _record(
-        self,
-        study: optuna.Study,
-        trial: optuna.Trial,
-        settings: LoaderSettings,
-        outcome: TrialOutcome,
-    ) -> None:
+    def _trial_attrs(self, settings: LoaderSettings, outcome: TrialOutcome) -> dict[str, Any]:
+        """Every user attr the trial records: its setting, the outcome's facts, the diagnosis."""
         attrs: dict[str, Any] = {**settings_attrs(settings), "machine": self.machine_attrs}
         attrs.update(outcome.attrs)
         if outcome.reason is not None:
@@ -218,6 +214,12 @@ class TrialRunner:
         diagnosis = diagnose(attrs, outcome.reason, self.supervisor.guard.limits)
         if diagnosis is not None:
             attrs.update(diagnosis.to_attrs())
+        return attrs
+
+    def _write(
+        self, study: optuna.Study, trial: optuna.Trial, attrs: dict[str, Any], outcome: TrialOutcome
+    ) -> None:
+        """The attrs, the memory constraint, the artifacts, then the tell (each retried)."""
         for key, value in attrs.items():
             with_retry(
                 lambda key=key, value=value: trial.set_user_attr(key, value), "recording a trial"

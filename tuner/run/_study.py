@@ -154,9 +154,7 @@ def _pipeline_model(
     if profile is None:
         return None, space
     config, host_limit = prepared.config, prepared.limits.host_bytes
-    space = _pipeline.model_space(
-        study, config.storage, prepared.study_name, space, profile, host_limit
-    )
+    space = _pipeline.model_space(study, config.storage, space, profile, host_limit)
     model = PipelineModel.build(profile, space, host_limit)
     once_per_study(study, config.storage, BOUND_ATTR, lambda: model.bound)
     return model, space
@@ -304,7 +302,6 @@ def _grown(
         lambda: _pipeline.grow_worker_range(
             study,
             prepared.config.storage,
-            prepared.study_name,
             runner.space,
             model.profile,
             prepared.limits.host_bytes,

@@ -24,6 +24,9 @@ __all__ = ["MemoryFigures", "fit_memory_figures", "predicted_peak_bytes"]
 MIN_OBSERVATIONS = 4
 """Three figures fitted from fewer measured settings would fit anything."""
 
+MIN_SAMPLE_BYTES = 1.0
+"""A fitted cost per prefetched sample below this is no cost: the fit is refused."""
+
 
 @dataclasses.dataclass(frozen=True)
 class MemoryFigures:
@@ -70,6 +73,7 @@ def fit_memory_figures(
     if worker < 0:  # forked workers share nearly everything: their own memory is noise
         worker = 0.0
         (main, sample), *_ = np.linalg.lstsq(terms[:, [0, 2]], peaks, rcond=None)
-    if main <= 0 or sample <= 0:
+    # Under a byte per sample is free (flat peaks fit to +-1e-11 by rounding, a sign BLAS picks).
+    if main <= 0 or sample < MIN_SAMPLE_BYTES:
         return None
     return MemoryFigures(float(main), float(worker), float(sample))

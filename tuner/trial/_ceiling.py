@@ -21,7 +21,7 @@ from objectives import Workload, move_to_device
 from tuner.search._settings import LoaderSettings
 from tuner.trial._measure import count_samples, synchronize
 
-__all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_ceiling", "measure_step_rates"]
+__all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_step_rates"]
 
 
 def _one_batch(workload: Workload, settings: LoaderSettings, seed: int) -> object:
@@ -139,20 +139,3 @@ def measure_step_rates(
             break
         best = max(best, here)
     return StepRates(rates, cpu)
-
-
-def measure_ceiling(
-    workload: Workload,
-    settings: LoaderSettings,
-    device: torch.device,
-    window_s: float,
-    warmup_s: float,
-    batches: Sequence[int] | None = None,
-    threads: Sequence[int] | None = None,
-    seed: int = 0,
-    min_steps: int = 2,
-) -> float:
-    """The step's best samples/sec over ``batches`` and ``threads`` (:func:`measure_step_rates`)."""
-    return measure_step_rates(
-        workload, settings, device, window_s, warmup_s, batches, threads, seed, min_steps
-    ).ceiling

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from objectives import Workload, move_to_device
+from objectives import TrainStep, Workload, move_to_device
 from tuner._lifeline import die_with_parent
 from tuner.search._settings import LoaderSettings
 from tuner.trial._telemetry import StepTimeline
@@ -154,6 +154,89 @@ def _die_with_trial_child(child_pid: int, worker_id: int) -> None:
     die_with_parent(child_pid)
 
 
+class _TrainingLoop:
+    """One micro-batch at a time as training runs it: fetch, move, step, optimizer step."""
+
+    def __init__(
+        self, stream: _EpochLoop, step: TrainStep, device: torch.device, settings: LoaderSettings
+    ) -> None:
+        self.stream = stream
+        self._step = step
+        self.device = device
+        self._non_blocking = settings.pin_memory and device.type == "cuda"
+        self._accumulation_steps = settings.accumulation_steps
+        self.micro_batches = 0
+
+    def run_one(self) -> int:
+        """Run one micro-batch; its samples."""
+        batch = self.stream.next()
+        if self.micro_batches == 0:
+            check_batch(batch)
+        samples = count_samples(batch)
+        self._step(move_to_device(batch, self.device, self._non_blocking))
+        self.micro_batches += 1
+        if self.micro_batches % self._accumulation_steps == 0:
+            self._step.optimizer_step()
+        return samples
+
+    def warm_up(self, warmup_s: float, min_batches: int) -> None:
+        """At least ``min_batches`` micro-batches and ``warmup_s`` seconds, the first done."""
+        warm_from, warm_batches = time.perf_counter(), 1
+        while warm_batches < min_batches or time.perf_counter() - warm_from < warmup_s:
+            self.run_one()
+            warm_batches += 1
+        synchronize(self.device)
+
+
+@dataclasses.dataclass
+class _Window:
+    """What one timed window counted."""
+
+    samples: int = 0
+    batches: int = 0
+    elapsed_s: float = 0.0
+    wait_s: float = 0.0
+    epochs: int = 0
+    started_at: float = 0.0
+    timeline: StepTimeline = dataclasses.field(default_factory=StepTimeline)
+
+    def counted(self, samples_per_batch: float | None) -> float:
+        """Samples, or batches at the epoch's mean size under a batch sampler."""
+        return self.samples if samples_per_batch is None else self.batches * samples_per_batch
+
+
+def _run_window(
+    loop: _TrainingLoop,
+    window_s: float,
+    samples_per_batch: float | None,
+    progress: ProgressCallback | None,
+    progress_interval_s: float,
+) -> _Window:
+    """Time micro-batches for ``window_s`` seconds, the device synchronised at the end."""
+    stream = loop.stream
+    stream.wait_s, epochs_before = 0.0, stream.epochs
+    window = _Window(started_at=time.monotonic())
+    started = time.perf_counter()
+    next_report = started + progress_interval_s
+    while True:
+        began, waited_before = time.perf_counter(), stream.wait_s
+        window.samples += loop.run_one()
+        window.batches += 1
+        now = time.perf_counter()
+        waited = stream.wait_s - waited_before
+        window.timeline.add(began - started, waited, now - began - waited)
+        if now - started >= window_s:
+            break
+        if progress is not None and now >= next_report:
+            rate = window.counted(samples_per_batch) / (now - started)
+            progress(now - started, rate, stream.wait_s / (now - started))
+            next_report = now + progress_interval_s
+    synchronize(loop.device)
+    window.elapsed_s = time.perf_counter() - started
+    window.wait_s, window.epochs = stream.wait_s, stream.epochs - epochs_before
+    return window
+
+
 def measure(
     workload: Workload,
     settings: LoaderSettings,
@@ -168,8 +251,6 @@ def measure(
     """Measure samples/sec of ``workload`` under ``settings`` over ``window_s`` seconds."""
     torch.manual_seed(seed)
     torch.set_num_threads(settings.torch_num_threads)
-    non_blocking = settings.pin_memory and device.type == "cuda"
-
     samples_per_batch = epoch_mean_batch(workload, settings, seed)
     built = time.perf_counter()
     loader = DataLoader(
@@ -177,71 +258,25 @@ def measure(
         **settings.build_dataloader_kwargs(workload, seed),
         worker_init_fn=functools.partial(_die_with_trial_child, os.getpid()),
     )
-    step = workload.train_step(device)
     stream = _EpochLoop(loader)
-    micro_batches = 0
-
-    def run_one() -> int:
-        nonlocal micro_batches
-        batch = stream.next()
-        if micro_batches == 0:
-            check_batch(batch)
-        samples = count_samples(batch)
-        step(move_to_device(batch, device, non_blocking))
-        micro_batches += 1
-        if micro_batches % settings.accumulation_steps == 0:
-            step.optimizer_step()
-        return samples
-
+    loop = _TrainingLoop(stream, workload.train_step(device), device, settings)
     try:
-        run_one()
+        loop.run_one()
         synchronize(device)
         time_to_first_batch_s = time.perf_counter() - built
-        warm_from = time.perf_counter()
-        warm_batches = 1
-        while warm_batches < min_warmup_batches or time.perf_counter() - warm_from < warmup_s:
-            run_one()
-            warm_batches += 1
-
-        synchronize(device)
-        stream.wait_s, epochs_before = 0.0, stream.epochs
-        timeline = StepTimeline()
-        window_started_at = time.monotonic()
-        started = time.perf_counter()
-        next_report = started + progress_interval_s
-        samples = batches = 0
-
-        def counted() -> float:
-            return samples if samples_per_batch is None else batches * samples_per_batch
-
-        while True:
-            began, waited_before = time.perf_counter(), stream.wait_s
-            samples += run_one()
-            batches += 1
-            now = time.perf_counter()
-            waited = stream.wait_s - waited_before
-            timeline.add(began - started, waited, now - began - waited)
-            if now - started >= window_s:
-                break
-            if progress is not None and now >= next_report:
-                progress(
-                    now - started, counted() / (now - started), stream.wait_s / (now - started)
-                )
-                next_report = now + progress_interval_s
-        synchronize(device)
-        elapsed = time.perf_counter() - started
+        loop.warm_up(warmup_s, min_warmup_batches)
+        window = _run_window(loop, window_s, samples_per_batch, progress, progress_interval_s)
     finally:
         stream.close()
-
     return Measurement(
-        samples_per_sec=counted() / elapsed,
+        samples_per_sec=window.counted(samples_per_batch) / window.elapsed_s,
         time_to_first_batch_s=time_to_first_batch_s,
-        batches=batches,
-        samples=samples,
-        window_s=elapsed,
-        data_wait_fraction=min(1.0, stream.wait_s / elapsed),
-        epochs=stream.epochs - epochs_before,
+        batches=window.batches,
+        samples=window.samples,
+        window_s=window.elapsed_s,
+        data_wait_fraction=min(1.0, window.wait_s / window.elapsed_s),
+        epochs=window.epochs,
         device=str(device),
-        window_started_at=window_started_at,
-        timeline=timeline.rows(),
+        window_started_at=window.started_at,
+        timeline=window.timeline.rows(),
     )

@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 import psutil
@@ -159,51 +160,77 @@ class Supervisor:
         self._partial = {}
         if telemetry is not None:
             telemetry.start(time.monotonic())
-        deadline = time.monotonic() + deadline_s
-        outcome: TrialOutcome | None = None
         known: dict[int, psutil.Process] = {}
-        next_sample = time.monotonic()
         try:
-            while outcome is None:
-                now = time.monotonic()
-                if now >= next_sample:
-                    tree = self.guard.tree()
-                    for member in tree:
-                        known.setdefault(member.pid, member)
-                    breach = self.guard.check(self.guard.sample(tree))
-                    if telemetry is not None:
-                        telemetry.sample(now)
-                    next_sample = now + self.guard.interval_s
-                    if breach is not None:
-                        outcome = self._stop(pid, known, breach=breach)
-                        break
-                if now >= deadline:
-                    outcome = self._stop(pid, known, reason="timeout")
-                    outcome.error = f"no result within {deadline_s:.0f} s"
-                    break
-                wait = max(0.0, min(next_sample, deadline) - time.monotonic())
-                if receiver.poll(wait):
-                    try:
-                        message = receiver.recv()
-                    except (EOFError, OSError):
-                        outcome = self._ended_without_result(process)
-                        break
-                    outcome = self._handle(message, pid, known, on_progress, on_message)
-                elif not process.is_alive() and not receiver.poll(0):
-                    outcome = self._ended_without_result(process)
+            outcome = self._watch(
+                process, receiver, deadline_s, known, on_progress, on_message, telemetry
+            )
         finally:
             receiver.close()
-            process.join(timeout=5.0)
-            for member in process_tree(pid):
-                known.setdefault(member.pid, member)
-            leftovers = [p for p in known.values() if p.is_running()]
-            if process.is_alive() or leftovers:
-                kill_tree(pid, leftovers, self.kill_grace_s)
-                process.join(timeout=5.0)
-            _reap(list(known))
-            self.guard.stop()
+            self._sweep(process, pid, known)
         outcome.attrs.update(self.guard.peaks())
         return outcome
+
+    def _watch(
+        self,
+        process: multiprocessing.process.BaseProcess,
+        receiver: Connection,
+        deadline_s: float,
+        known: dict[int, psutil.Process],
+        on_progress: ProgressHandler | None,
+        on_message: MessageHandler | None,
+        telemetry: TelemetrySampler | None,
+    ) -> TrialOutcome:
+        """Guard ticks and the child's messages until an outcome: its result, a breach, the
+        deadline, or its end without a result. ``known`` collects every process seen."""
+        assert process.pid is not None
+        pid = process.pid
+        deadline = time.monotonic() + deadline_s
+        next_sample = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= next_sample:
+                tree = self.guard.tree()
+                for member in tree:
+                    known.setdefault(member.pid, member)
+                breach = self.guard.check(self.guard.sample(tree))
+                if telemetry is not None:
+                    telemetry.sample(now)
+                next_sample = now + self.guard.interval_s
+                if breach is not None:
+                    return self._stop(pid, known, breach=breach)
+            if now >= deadline:
+                outcome = self._stop(pid, known, reason="timeout")
+                outcome.error = f"no result within {deadline_s:.0f} s"
+                return outcome
+            wait = max(0.0, min(next_sample, deadline) - time.monotonic())
+            if receiver.poll(wait):
+                try:
+                    message = receiver.recv()
+                except (EOFError, OSError):
+                    return self._ended_without_result(process)
+                outcome = self._handle(message, pid, known, on_progress, on_message)
+                if outcome is not None:
+                    return outcome
+            elif not process.is_alive() and not receiver.poll(0):
+                return self._ended_without_result(process)
+
+    def _sweep(
+        self,
+        process: multiprocessing.process.BaseProcess,
+        pid: int,
+        known: dict[int, psutil.Process],
+    ) -> None:
+        """Leave nothing behind: join the child, kill what of its tree still runs, reap all."""
+        process.join(timeout=5.0)
+        for member in process_tree(pid):
+            known.setdefault(member.pid, member)
+        leftovers = [p for p in known.values() if p.is_running()]
+        if process.is_alive() or leftovers:
+            kill_tree(pid, leftovers, self.kill_grace_s)
+            process.join(timeout=5.0)
+        _reap(list(known))
+        self.guard.stop()
 
     def _handle(
         self,

@@ -33,7 +33,7 @@ from typing import Any, TypedDict
 import psutil
 
 from tuner.machine import _gpu
-from tuner.machine._fingerprint import usable_cores
+from tuner.machine._cpu_load import CpuLoad
 from tuner.machine._memory import swap_used_bytes
 
 __all__ = [
@@ -97,20 +97,6 @@ class _Sample:
     gpu_memory_bytes: int | None
 
 
-def _busy_and_iowait(before: Any, after: Any) -> tuple[float, float] | None:
-    """Busy and iowait percent of one CPU between two ``psutil.cpu_times`` (scputimes)."""
-    fields = before._fields
-    # As psutil does: guest time is already counted in user time.
-    counted = [f for f in fields if f not in ("guest", "guest_nice")]
-    total = sum(getattr(after, f) - getattr(before, f) for f in counted)
-    if total <= 0:
-        return None
-    idle = after.idle - before.idle
-    iowait = (after.iowait - before.iowait) if "iowait" in fields else 0.0
-    busy = max(0.0, total - idle - iowait)
-    return 100.0 * busy / total, 100.0 * max(0.0, iowait) / total
-
-
 class TelemetrySampler:
     """Samples the machine once per call; one instance per trial, used from one thread.
 
@@ -120,16 +106,15 @@ class TelemetrySampler:
     def __init__(self, gpu: _gpu.GpuReader | None = None, gpu_index: int | None = None) -> None:
         self._gpu = gpu if gpu is not None and gpu.available else None
         self._gpu_index = gpu_index
-        self._cores = usable_cores()
         self._samples: list[_Sample] = []
-        self._previous_times: list[Any] | None = None
+        self._cpu_load: CpuLoad | None = None
         self._started_at: float | None = None
 
     def start(self, now: float) -> None:
         """Begin a trial: forget earlier samples and take the first CPU counters."""
         self._samples = []
         self._started_at = now
-        self._previous_times = psutil.cpu_times(percpu=True)
+        self._cpu_load = CpuLoad()
 
     def _gpu_reading(self) -> tuple[float | None, int | None]:
         if self._gpu is None:
@@ -141,26 +126,10 @@ class TelemetrySampler:
         return chosen[0].utilization_percent, chosen[0].memory_used_bytes
 
     def _cpu(self) -> tuple[float | None, float | None, tuple[float, ...]]:
-        times = psutil.cpu_times(percpu=True)
-        previous = self._previous_times
-        if previous is None or len(previous) != len(times):
-            self._previous_times = times
+        shares = self._cpu_load.read() if self._cpu_load is not None else None
+        if shares is None:
             return None, None, ()
-        indices = self._cores if self._cores is not None else range(len(times))
-        busy, iowait = [], []
-        for index in indices:
-            if index >= len(times):
-                continue
-            shares = _busy_and_iowait(previous[index], times[index])
-            if shares is None:
-                # Too soon for a clock tick: keep the old counters, the next call spans both.
-                return None, None, ()
-            busy.append(shares[0])
-            iowait.append(shares[1])
-        self._previous_times = times
-        if not busy:
-            return None, None, ()
-        return sum(busy) / len(busy), sum(iowait) / len(iowait), tuple(busy)
+        return shares
 
     def sample(self, now: float) -> None:
         """Record one reading at ``now`` (``time.monotonic()``); cheap, never sleeps."""
@@ -228,7 +197,8 @@ class TelemetrySampler:
         """Every sample as CSV; ``t_s`` from the trial's start, ``in_window`` 1 inside it."""
         origin = self._started_at or 0.0
         width = max((len(s.core_percents) for s in self._samples), default=0)
-        labels = self._cores if self._cores is not None else list(range(width))
+        cores = self._cpu_load.cores if self._cpu_load is not None else None
+        labels = cores if cores is not None else list(range(width))
         core_columns = [f"cpu{labels[i] if i < len(labels) else i}_percent" for i in range(width)]
         header = [
             "t_s",

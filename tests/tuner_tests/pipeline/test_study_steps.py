@@ -85,14 +85,14 @@ def test_the_range_grows_when_the_best_waits_for_data_at_its_edge(
 ) -> None:
     space = _space(max_workers=8)
     _add(study, 100.0, 4, bottleneck="input-bound", advice="raise num_workers")
-    assert grow_worker_range(study, sqlite_url, "s", space, _profile(), None) is None  # not at edge
+    assert grow_worker_range(study, sqlite_url, space, _profile(), None) is None  # not at edge
     _add(study, 200.0, 8, bottleneck="input-bound", advice="raise num_workers")
-    grown = grow_worker_range(study, sqlite_url, "s", space, _profile(), None)
+    grown = grow_worker_range(study, sqlite_url, space, _profile(), None)
     assert grown is not None and grown.max_workers == 16
     assert study.user_attrs[WORKER_RANGE_ATTR] == 16
     # Memory caps the growth: 10 workers fit in half of 2 GiB at 100 MiB each.
     heavy = dataclasses.replace(_profile(), worker_uss_bytes=100 * 2**20, sample_bytes=0.0)
-    capped = grow_worker_range(study, sqlite_url, "s", space, heavy, 2 * 2**30)
+    capped = grow_worker_range(study, sqlite_url, space, heavy, 2 * 2**30)
     assert capped is not None and capped.max_workers == 16  # never below what is stored
 
 
@@ -100,8 +100,6 @@ def test_a_compute_bound_best_at_the_edge_keeps_the_range(
     study: optuna.Study, sqlite_url: str
 ) -> None:
     _add(study, 200.0, 8, bottleneck="compute-bound", advice="the step is the limit")
-    assert (
-        grow_worker_range(study, sqlite_url, "s", _space(max_workers=8), _profile(), None) is None
-    )
+    assert grow_worker_range(study, sqlite_url, _space(max_workers=8), _profile(), None) is None
     fixed = _space(max_workers=8, fixed={"num_workers": 8})
-    assert grow_worker_range(study, sqlite_url, "s", fixed, _profile(), None) is None
+    assert grow_worker_range(study, sqlite_url, fixed, _profile(), None) is None
