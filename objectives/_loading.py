@@ -17,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from torch.utils.data import DataLoader
+
 from objectives._workload import Workload
 from objectives.image import image_workload
 from objectives.storage import storage_workload
@@ -136,12 +138,14 @@ def _is_from(module: ModuleType, path: Path) -> bool:
 
 
 def _as_workload(value: Any, spec: str) -> Workload:
-    if isinstance(value, Workload):
-        return value
+    """A Workload from what ``spec`` names: a Workload, a DataLoader, ``(DataLoader, step)``,
+    or a function of no arguments returning one of those."""
+    if _is_workload_like(value):
+        return _from_value(value, spec)
     if not callable(value):
         raise WorkloadError(
-            f"{spec} has type {type(value).__name__}; expected a Workload or a function "
-            "returning one"
+            f"{spec} has type {type(value).__name__}; expected a Workload, a DataLoader, "
+            "(DataLoader, step) or a function returning one"
         )
     try:
         inspect.signature(value).bind()
@@ -153,11 +157,31 @@ def _as_workload(value: Any, spec: str) -> Workload:
         result = value()
     except Exception as error:
         raise WorkloadError(f"calling {spec} failed: {_describe(error)}") from error
-    if not isinstance(result, Workload):
+    if not _is_workload_like(result):
         raise WorkloadError(
-            f"{spec} returned a value of type {type(result).__name__}; expected a Workload"
+            f"{spec} returned a value of type {type(result).__name__}; expected a Workload, "
+            "a DataLoader or (DataLoader, step)"
         )
-    return result
+    return _from_value(result, spec)
+
+
+def _is_workload_like(value: Any) -> bool:
+    if isinstance(value, Workload | DataLoader):
+        return True
+    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], DataLoader)
+
+
+def _from_value(value: Workload | DataLoader | tuple[DataLoader, Any], spec: str) -> Workload:
+    if isinstance(value, Workload):
+        return value
+    loader, step = value if isinstance(value, tuple) else (value, None)
+    if step is not None and not callable(step):
+        raise WorkloadError(f"{spec}: the step beside the DataLoader is not callable")
+    name = spec.rpartition(":")[2] or "dataloader"
+    try:
+        return Workload.from_dataloader(loader, step, name=name)
+    except ValueError as error:
+        raise WorkloadError(f"{spec}: {_one_line(error)}") from None
 
 
 def _describe(error: BaseException) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 __all__ = ["TrainStep", "Workload", "move_to_device"]
 
@@ -100,6 +100,13 @@ class Workload:
             the default used by the baselines.
         configure: ``configure(**knob_values) -> Workload``; required when ``knobs`` is set.
         description: one line for the study's user attrs and the dashboard note.
+        sampler: the sampler every trial's DataLoader draws indices from (``None``: shuffled,
+            as training does; an iterable dataset orders its own samples).
+        drop_last: passed to the DataLoader as is.
+        worker_init_fn: the user's own worker init, run in each worker after the tuner's.
+        current: the DataLoader settings trained with today (``num_workers``,
+            ``prefetch_factor``, ``pin_memory``, ``persistent_workers``); the ``pytorch-default``
+            baseline runs them instead of PyTorch's defaults. Set by :meth:`from_dataloader`.
     """
 
     name: str
@@ -114,6 +121,36 @@ class Workload:
     knobs: Mapping[str, Sequence[Any]] = dataclasses.field(default_factory=dict)
     configure: Callable[..., Workload] | None = None
     description: str = ""
+    sampler: Sampler | None = None
+    drop_last: bool = False
+    worker_init_fn: Callable[[int], None] | None = None
+    current: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_dataloader(
+        cls,
+        loader: DataLoader,
+        step: Callable[[Any, torch.device], Any] | None = None,
+        *,
+        make_step: Callable[[torch.device], TrainStep] | None = None,
+        name: str = "dataloader",
+        batch_size_range: tuple[int, int] | None = None,
+        description: str = "",
+    ) -> Workload:
+        """The workload of a DataLoader trained with today: its dataset, collate function,
+        sampler, ``drop_last`` and worker init as they are, its batch size as the default and
+        its worker settings as the ``pytorch-default`` baseline (:func:`workload_from_dataloader`).
+        """
+        from objectives._from_dataloader import workload_from_dataloader
+
+        return workload_from_dataloader(
+            loader,
+            step,
+            make_step=make_step,
+            name=name,
+            batch_size_range=batch_size_range,
+            description=description,
+        )
 
     def __post_init__(self) -> None:
         low, high = self.batch_size_range

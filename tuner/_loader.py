@@ -209,10 +209,14 @@ class AdaptiveLoader:
 
 
 def _workload_kwargs(workload: Workload, settings: LoaderSettings) -> dict[str, Any]:
-    """What the configured workload adds to the tuned kwargs: batch sampler, collate, shuffle."""
+    """What the configured workload adds to the tuned kwargs: batch sampler or sampler, collate,
+    shuffle, ``drop_last``, its worker init."""
     built = settings.build_dataloader_kwargs(workload, seed=0)
     plain = settings.dataloader_kwargs(workload.batch_param)
-    return {key: value for key, value in built.items() if key not in plain}
+    added = {key: value for key, value in built.items() if key not in plain}
+    if workload.worker_init_fn is not None:
+        added["worker_init_fn"] = workload.worker_init_fn
+    return added
 
 
 def _unapplied(best: BestSetting, dataloader_kwargs: dict[str, Any]) -> None:

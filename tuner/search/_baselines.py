@@ -1,9 +1,10 @@
 """The two settings every study measures first, so each result has a "compared with what".
 
-``pytorch-default`` is what a DataLoader does when nothing is set; ``rule-of-thumb`` is the field
-guide's starting point (workers at 3/4 of the physical cores, pinned memory on CUDA, persistent
-workers, ``prefetch_factor=2``). Both use the workload's default batch size and its base knobs
-(the defaults, with the ``--fix`` ones over them).
+``pytorch-default`` is what a DataLoader does when nothing is set (for a workload made from a
+user's DataLoader, that DataLoader's own worker settings: what they train with today);
+``rule-of-thumb`` is the field guide's starting point (workers at 3/4 of the physical cores,
+pinned memory on CUDA, persistent workers, ``prefetch_factor=2``). Both use the workload's
+default batch size and its base knobs (the defaults, with the ``--fix`` ones over them).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import optuna
 
 from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, SETTINGS_ATTR
 from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
+from tuner.search._space import MAX_PREFETCH_FACTOR, SearchSpace
 
 __all__ = ["baseline_settings", "enqueue_baselines", "enqueue_settings", "rule_of_thumb_workers"]
 
@@ -29,9 +30,23 @@ def baseline_settings(space: SearchSpace, physical_cores: int) -> dict[str, Load
     threads = space.max_threads  # torch's own default: one intra-op thread per usable core
     workers = min(space.max_workers, rule_of_thumb_workers(physical_cores))
     return {
-        BASELINE_PYTORCH_DEFAULT: space.settings(0, batch, None, False, False, threads, knobs),
+        BASELINE_PYTORCH_DEFAULT: _trained_with_today(space, batch, threads, knobs),
         BASELINE_RULE_OF_THUMB: space.settings(workers, batch, 2, True, space.cuda, threads, knobs),
     }
+
+
+def _trained_with_today(
+    space: SearchSpace, batch: int, threads: int, knobs: dict[str, object]
+) -> LoaderSettings:
+    """PyTorch's defaults, or the worker settings of the DataLoader the workload came from."""
+    current = space.workload.current
+    workers = min(space.max_workers, int(current.get("num_workers", 0)))
+    if workers == 0:
+        return space.settings(0, batch, None, False, False, threads, knobs)
+    prefetch = min(MAX_PREFETCH_FACTOR, max(1, int(current.get("prefetch_factor") or 2)))
+    pin = bool(current.get("pin_memory")) and space.cuda
+    persistent = bool(current.get("persistent_workers"))
+    return space.settings(workers, batch, prefetch, persistent, pin, threads, knobs)
 
 
 def enqueue_settings(

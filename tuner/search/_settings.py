@@ -58,8 +58,12 @@ class LoaderSettings:
         if workload.batch_sampler is not None:
             kwargs.pop("batch_size", None)
             kwargs["batch_sampler"] = workload.batch_sampler(workload.dataset, self.batch, seed)
+        elif workload.sampler is not None:
+            kwargs["sampler"] = workload.sampler
         elif not isinstance(workload.dataset, IterableDataset):  # it orders its own samples
             kwargs["shuffle"] = True
+        if workload.batch_sampler is None and workload.drop_last:
+            kwargs["drop_last"] = True
         if workload.collate_fn is not None:
             kwargs["collate_fn"] = workload.collate_fn
         return kwargs

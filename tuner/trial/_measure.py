@@ -148,10 +148,12 @@ class _EpochLoop:
             shutdown()
 
 
-def _die_with_trial_child(child_pid: int, worker_id: int) -> None:
+def _init_worker(child_pid: int, user_init: Callable[[int], None] | None, worker_id: int) -> None:
     """A DataLoader worker's init: SIGKILL when the trial child goes (PyTorch's watchdog polls
-    only every 5 s)."""
+    only every 5 s), then the workload's own init, as the user's loader runs it."""
     die_with_parent(child_pid)
+    if user_init is not None:
+        user_init(worker_id)
 
 
 class _TrainingLoop:
@@ -256,7 +258,7 @@ def measure(
     loader = DataLoader(
         workload.dataset,
         **settings.build_dataloader_kwargs(workload, seed),
-        worker_init_fn=functools.partial(_die_with_trial_child, os.getpid()),
+        worker_init_fn=functools.partial(_init_worker, os.getpid(), workload.worker_init_fn),
     )
     stream = _EpochLoop(loader)
     loop = _TrainingLoop(stream, workload.train_step(device), device, settings)
