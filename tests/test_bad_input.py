@@ -16,6 +16,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pathlib import Path
 import optuna
 import pytest
 import sqlalchemy
+from tqdm import tqdm
 
 from tests.conftest import QUICK_TRIALS, ROOT, free_port
 
@@ -184,6 +186,11 @@ REFUSED = [
         "returned a value of type NoneType",
     ),
     Case("dataset-of-length-0", study("--objective", f"{W}:empty"), "is empty (length 0)"),
+    Case(
+        "dataloader-with-its-own-batch-sampler",
+        study("--objective", "tests.objectives_tests.dataloader_script:own_batch_sampler"),
+        "has a batch_sampler of its own, which the tuner cannot size",
+    ),
     Case("fix-unknown-parameter", study("--fix", "workers=2"), "workers"),
     Case("fix-bad-value", study("--fix", "num_workers=many"), "num_workers"),
     Case(
@@ -291,6 +298,12 @@ FAILING = [
 ]
 
 
+def test_every_case_is_a_row_of_the_documented_table() -> None:
+    table = (ROOT / "docs" / "bad-input.md").read_text()
+    rows = {line.split("|")[1].strip(" `") for line in table.splitlines() if line.startswith("| `")}
+    assert rows == {case.id for case in [*REFUSED, *FAILING]}
+
+
 @pytest.mark.parametrize("case", FAILING, ids=[case.id for case in FAILING])
 def test_a_failing_workload_fails_its_trials_and_the_study_goes_on(
     case: Failing, tmp_path: Path
@@ -311,3 +324,71 @@ def test_a_failing_workload_fails_its_trials_and_the_study_goes_on(
     for trial in trials:
         assert trial.state == optuna.trial.TrialState.FAIL
         assert case.error in trial.user_attrs["error"], trial.user_attrs
+
+
+# --- the documented table: python -m tests.test_bad_input rewrites docs/bad-input.md ----------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _shown(case: Case) -> str:
+    """The command as the table shows it: the fixed study flags left out, placeholders named."""
+    flags = case.argv[5 + len(QUICK_TRIALS) :] if case.argv[0] == "tuner.study" else case.argv[1:]
+    text = " ".join(flags).replace("{tmp}", "$TMP").replace("{db}", "sqlite:///$TMP/tuner.db")
+    return text.replace("{free_port}", "PORT")
+
+
+def _printed(case: Case) -> tuple[str, int]:
+    """The last line the case prints and its exit code, run as the test runs it."""
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        if case.setup is not None:
+            case.setup(tmp)
+        with _write_lock_held(tmp / "tuner.db") if case.locked else contextlib.nullcontext():
+            result = _run(_expand(case.argv, tmp), tmp, dict(case.env))
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        return lines[-1].replace(str(tmp), "$TMP"), result.returncode
+
+
+def write_table(path: Path) -> None:
+    """Run every case and write the table of what each printed."""
+    refused = []
+    for case in tqdm(REFUSED, desc="bad input"):
+        line, code = _printed(case)
+        refused.append(f"| `{case.id}` | `python -m {case.argv[0]} {_cell(_shown(case))}` | ")
+        refused[-1] += f"{_cell(line)} | {code} |"
+    failing = [
+        f"| `{case.id}` | `--objective {case.objective}` | every trial FAIL with `error` "
+        f"containing “{_cell(case.error)}”; last line: `no trial completed ...` | 1 |"
+        for case in FAILING
+    ]
+    path.write_text(
+        DOC_HEAD
+        + "\n".join(refused)
+        + "\n\n## Workloads whose trials fail: recorded, and the study goes on\n\n"
+        + "| case | objective | what happens | exit |\n| --- | --- | --- | --- |\n"
+        + "\n".join(failing)
+        + "\n"
+    )
+
+
+DOC_HEAD = """# Bad input: what each mistake prints
+
+Every row is a case of `tests/test_bad_input.py`, run as a user runs the CLI: one line on stderr,
+no traceback, the exit code shown (2: a usage error; 1: nothing to show), and the database as it
+was before. The lines are what a machine of this project printed (`$TMP` stands for the test's
+folder; `python -m tuner.study` rows leave out `--hardware auto --storage
+sqlite:///$TMP/tuner.db` and the short-trial flags). `python -m tests.test_bad_input` runs the
+cases and rewrites this file; the tests check that every case is a row here.
+
+## Refused before anything is written
+
+| case | command | what it prints | exit |
+| --- | --- | --- | --- |
+"""
+
+
+if __name__ == "__main__":
+    write_table(ROOT / "docs" / "bad-input.md")
