@@ -82,7 +82,7 @@ def _kept_sampler(loader: DataLoader) -> Any:
     plain_shuffle = (
         type(sampler) is RandomSampler
         and not sampler.replacement
-        and sampler._num_samples is None
+        and sampler.num_samples == len(sampler.data_source)
         and sampler.generator is None
     )
     return None if plain_shuffle else sampler

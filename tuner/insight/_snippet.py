@@ -15,6 +15,9 @@ from tuner.search._settings import LoaderSettings
 
 __all__ = ["dataloader_snippet", "extra_settings"]
 
+KEEP_YOURS = "    # your collate_fn, drop_last, ... as they are (a sampler in place of shuffle)"
+"""The snippet's reminder where it builds on the user's dataset: the rest stays theirs."""
+
 
 def extra_settings(settings: LoaderSettings, batch_param: str) -> dict[str, Any]:
     """What the best setting says beyond DataLoader kwargs: threads, knobs, token budget."""
@@ -73,6 +76,8 @@ def dataloader_snippet(
         arguments.append("    shuffle=True,")
     if with_workload:
         arguments.append("    collate_fn=workload.collate_fn,")
+    else:
+        arguments.append(KEEP_YOURS)
     arguments += [f"    {key}={value!r}," for key, value in kwargs.items()]
     lines += ["loader = DataLoader(", *arguments, ")"]
     if settings.accumulation_steps > 1:
