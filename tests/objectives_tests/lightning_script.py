@@ -150,3 +150,10 @@ def combined_pair() -> tuple[Combined, Regressor]:
 
 def no_optimizer_pair() -> tuple[LineData, NoOptimizer]:
     return LineData(), NoOptimizer()
+
+
+class NeedsTrainer(Regressor):
+    """Reads the Trainer in its step: measured without one, its trials fail with why."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> object:
+        return super().training_step(batch, batch_idx) * (self.trainer.global_step + 1)

@@ -73,6 +73,13 @@ def test_a_step_returning_none_is_skipped() -> None:
     assert torch.equal(before, after) and module.layer.weight.grad is None
 
 
+def test_a_step_that_needs_the_trainer_fails_with_lightnings_own_error() -> None:
+    workload = workload_from_lightning(script.LineData(), script.NeedsTrainer())
+    step = workload.train_step(CPU)
+    with pytest.raises(RuntimeError, match="is not attached to a `Trainer`"):
+        step(_one_batch(workload.dataset))
+
+
 def test_the_first_optimizer_of_each_form_configure_optimizers_may_return() -> None:
     sgd = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
     adam = torch.optim.Adam(torch.nn.Linear(1, 1).parameters())
