@@ -3,6 +3,8 @@
 A workload is a dataset plus the training step that consumes it (:class:`Workload`). The
 built-ins, ``image``, ``text`` and ``storage``, need only torch and Pillow; user workloads are
 loaded from ``package.module:attr`` or ``path/to/file.py:attr`` by :func:`load_workload`.
+``objectives.lightning`` builds one from a Lightning DataModule and module; it imports Lightning,
+so it is not imported here.
 """
 
 from __future__ import annotations

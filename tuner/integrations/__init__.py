@@ -1,0 +1,6 @@
+"""Integrations: putting a tuned setting back into the user's framework.
+
+Each module applies a :class:`tuner.BestSetting` where a framework builds its DataLoaders
+(``tuner.integrations.lightning``: a Lightning ``Callback``), so a study's result is used
+without rewriting the training script. A module imports its framework; this package does not.
+"""
