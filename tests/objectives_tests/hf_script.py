@@ -33,6 +33,17 @@ def make_dataset() -> datasets.Dataset:
     )
 
 
+class TokenDicts(torch.utils.data.Dataset):
+    """A plain torch dataset of dicts, with a key (``id``) the model's forward does not take."""
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> dict[str, object]:
+        ids = torch.arange(LENGTH) % 63 + 1
+        return {"input_ids": ids, "label": index % 2, "id": f"sample-{index}"}
+
+
 def make_model() -> BertForSequenceClassification:
     torch.manual_seed(0)
     config = BertConfig(

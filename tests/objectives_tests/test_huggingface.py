@@ -65,6 +65,14 @@ def test_the_dataset_collator_batch_and_worker_settings_are_the_trainers() -> No
     assert batch["input_ids"].shape == (8, hf_script.LENGTH)
 
 
+def test_a_torch_dataset_keeps_the_collator_that_drops_what_the_model_does_not_take() -> None:
+    trainer = hf_script.make_trainer(train_dataset=hf_script.TokenDicts())
+    workload = workload_from_trainer(trainer)
+    assert workload.dataset is trainer.train_dataset
+    assert type(workload.collate_fn).__name__ == "RemoveColumnsCollator"  # as the Trainer wraps
+    assert sorted(_batch(workload)) == ["input_ids", "labels"]
+
+
 def test_no_workers_pinning_and_drop_last_come_from_the_training_arguments() -> None:
     args = hf_script.make_args(
         dataloader_num_workers=0,
