@@ -156,6 +156,8 @@ def _as_workload(value: Any, spec: str) -> Workload:
         pass
     try:
         result = value()
+    except WorkloadError as error:  # already says what is wrong, in one line
+        raise WorkloadError(f"{spec}: {_one_line(error)}") from error
     except Exception as error:
         raise WorkloadError(f"calling {spec} failed: {_describe(error)}") from error
     if not _is_workload_like(result):

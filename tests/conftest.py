@@ -21,6 +21,7 @@ import sqlalchemy
 from storage.testing import scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Hugging Face tests build models from configs
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 

@@ -2,10 +2,12 @@
 
 python -m tuner.best --hardware auto --format python
 python -m tuner.best --hardware g4dn.xlarge --format json > best.json
+python -m tuner.best --hardware auto --objective train.py:workload --format hf
 
 Every format carries the whole setting (DataLoader arguments, the main process's intra-op
 threads, the workload's knobs) from one :class:`tuner.insight.BestSetting`. The JSON shape is
-documented in the README: ``DataLoader(ds, **setting["dataloader"])`` stays one line.
+documented in the README: ``DataLoader(ds, **setting["dataloader"])`` stays one line. ``hf``
+prints Hugging Face ``TrainingArguments`` code (:mod:`tuner.integrations.huggingface`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from collections.abc import Sequence
 
 import optuna
 
-from tuner._cli import ArgumentParser, add_common, run_cli, storage_url
+from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
 from tuner.insight._best import best_setting
 from tuner.insight._snippet import extra_settings
 from tuner.insight._table import format_table
+from tuner.integrations.huggingface import training_arguments_snippet
 
 __all__ = ["main", "parser"]
 
@@ -29,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m tuner.best", description="Print the best DataLoader setting of a profile."
     )
     add_common(p)
-    p.add_argument("--format", choices=("table", "json", "python"), default="table")
+    p.add_argument("--format", choices=("table", "json", "python", "hf"), default="table")
     return p
 
 
@@ -45,6 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.format == "json":
         print(json.dumps(best.to_json(), indent=2))
+    elif args.format == "hf":
+        try:
+            print(training_arguments_snippet(best))
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     elif args.format == "python":
         print(f"# {best.summary()}")
         print(best.snippet())

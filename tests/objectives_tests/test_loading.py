@@ -146,7 +146,9 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
         def raises(): raise KeyError("no data")
         """,
     )
-    assert "has type int; expected a Workload, a DataLoader" in _error(f"{kinds}:number")
+    assert "has type int; expected a Workload, a DataLoader, (DataLoader, step) or a function" in (
+        _error(f"{kinds}:number")
+    )
     assert "must be callable without arguments" in _error(f"{kinds}:needs_argument")
     assert "returned a value of type int; expected a Workload" in _error(f"{kinds}:returns_number")
     assert "failed: KeyError: 'no data'" in _error(f"{kinds}:raises")
