@@ -138,18 +138,22 @@ class Workload:
         description: str = "",
     ) -> Workload:
         """The workload of a DataLoader trained with today: its dataset, collate function,
-        sampler, ``drop_last`` and worker init as they are, its batch size as the default and
-        its worker settings as the ``pytorch-default`` baseline (:func:`workload_from_dataloader`).
+        sampler, ``drop_last`` and worker init as they are, its batch size as the default (the
+        search's range widened to take it in) and its worker settings as the
+        ``pytorch-default`` baseline. A :class:`ValueError` (one line) where the tuner cannot
+        size the loader's batches (:func:`objectives._from_dataloader.dataloader_fields`).
         """
-        from objectives._from_dataloader import workload_from_dataloader
+        from objectives._from_dataloader import dataloader_fields, widened_range
 
-        return workload_from_dataloader(
-            loader,
-            step,
-            make_step=make_step,
+        fields = dataloader_fields(loader)
+        return cls(
             name=name,
-            batch_size_range=batch_size_range,
-            description=description,
+            step=step,
+            make_step=make_step,
+            batch_size_range=batch_size_range or widened_range(fields["default_batch_size"]),
+            description=description
+            or f"{name}: {type(loader.dataset).__name__}, batch {fields['default_batch_size']}",
+            **fields,
         )
 
     def __post_init__(self) -> None:
