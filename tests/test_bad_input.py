@@ -191,6 +191,26 @@ REFUSED = [
         study("--objective", "tests.objectives_tests.dataloader_script:own_batch_sampler"),
         "has a batch_sampler of its own, which the tuner cannot size",
     ),
+    Case(
+        "lightning-combined-loaders",
+        study("--objective", "tests.objectives_tests.lightning_script:combined_pair"),
+        "CombinedLoader",
+    ),
+    Case(
+        "lightning-no-optimizer",
+        study("--objective", "tests.objectives_tests.lightning_script:no_optimizer_pair"),
+        "optimizer",
+    ),
+    Case(
+        "hf-trainer-without-train-dataset",
+        study("--objective", "tests.objectives_tests.hf_script:no_dataset"),
+        "train_dataset",
+    ),
+    Case(
+        "hf-streaming-dataset",
+        study("--objective", "tests.objectives_tests.hf_script:streaming"),
+        "iterable",
+    ),
     Case("fix-unknown-parameter", study("--fix", "workers=2"), "workers"),
     Case("fix-bad-value", study("--fix", "num_workers=many"), "num_workers"),
     Case(
