@@ -65,7 +65,7 @@ def _worker(
     prepared = SimpleNamespace(
         config=SimpleNamespace(total_trials=total, storage=url), study_name=STUDY
     )
-    stale = StaleTrials()
+    stale = StaleTrials(HEARTBEAT_S, GRACE_S)
     durations: list[float] = []
     trials = 0
     waiting_since = None

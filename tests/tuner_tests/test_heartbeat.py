@@ -1,4 +1,5 @@
-"""Stale trials on a real SQLite storage: Optuna's rule, and the trials that never beat."""
+"""Stale trials on a real SQLite storage: Optuna's rule, and the trials that never beat; and
+through the real gRPC proxy, whose client carries no Optuna heartbeats: the tuner's own."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import time
 import warnings
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from storage import open_storage
+from tests.conftest import served_proxy
 from tuner.fleet import StaleTrials, heartbeat
-from tuner.fleet._heartbeat import NEVER_BEAT_ERROR
+from tuner.fleet._heartbeat import BEAT_ATTR, NEVER_BEAT_ERROR, STOPPED_BEATING_ERROR
 
 
 def _study(url: str) -> optuna.Study:
@@ -50,3 +53,28 @@ def test_a_beating_trial_is_left_alone(sqlite_url: str) -> None:
                 time.sleep(0.8)
     assert study.trials[trial.number].state == TrialState.RUNNING
     assert len(study.trials) == 1
+
+
+def test_through_the_grpc_proxy_a_trial_whose_worker_stopped_beating_is_failed_and_requeued(
+    sqlite_url: str,
+) -> None:
+    pytest.importorskip("grpc")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with served_proxy(sqlite_url) as url:
+        study = optuna.create_study(storage=open_storage(url), study_name="proxied")
+        x = {"x": optuna.distributions.IntDistribution(0, 9)}
+        dead, alive = study.ask(x), study.ask(x)
+        with heartbeat(study._storage, dead._trial_id, 0.2):
+            time.sleep(0.3)  # it beat, then its worker died
+        stale = StaleTrials(interval_s=0.5, grace_s=1.0)
+        with heartbeat(study._storage, alive._trial_id, 0.2):
+            for _ in range(8):
+                stale.fail(study)
+                time.sleep(0.2)
+        trials = study.trials
+    assert trials[dead.number].state == TrialState.FAIL
+    assert trials[dead.number].user_attrs["error"] == STOPPED_BEATING_ERROR
+    assert trials[alive.number].state == TrialState.RUNNING
+    assert trials[alive.number].system_attrs[BEAT_ATTR] >= 5  # beaten all along
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert retry.state == TrialState.WAITING and retry.params == trials[dead.number].params

@@ -203,7 +203,7 @@ def _run_trials(
     config = prepared.config
     started = time.monotonic()
     trials_run = 0
-    stale = StaleTrials()
+    stale = StaleTrials(config.heartbeat_interval, config.grace_period)
     total = (
         config.n_trials
         if config.total_trials is None
