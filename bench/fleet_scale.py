@@ -20,12 +20,11 @@ settings lost.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -39,7 +38,7 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from storage import open_storage
-from storage.testing import scratch_database
+from storage.testing import scratch_database, served_proxy
 from tuner.insight._table import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,33 +109,12 @@ def _connections(admin_url: str, database: str, stop: threading.Event, seen: lis
     engine.dispose()
 
 
-def _serve_proxy(url: str) -> tuple[subprocess.Popen[str], str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proxy = subprocess.Popen(
-        [sys.executable, "-m", "storage.proxy", "--storage", url, "--port", str(port)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return proxy, f"grpc://127.0.0.1:{port}"
-        time.sleep(0.2)
-    proxy.kill()
-    raise RuntimeError("the gRPC proxy did not start")
-
-
 def run_fleet(admin_url: str, route: str, workers: int, total: int, trial_s: float) -> list[object]:
-    with scratch_database(admin_url) as url:
+    with scratch_database(admin_url) as url, contextlib.ExitStack() as stack:
         optuna.create_study(
             storage=open_storage(url, heartbeat_interval=None), study_name=STUDY
         ).set_user_attr("route", route)
-        proxy, worker_url = _serve_proxy(url) if route == "grpc" else (None, url)
+        worker_url = stack.enter_context(served_proxy(url)) if route == "grpc" else url
         seen: list[int] = []
         stop = threading.Event()
         database = sqlalchemy.engine.make_url(url).database or ""
@@ -161,9 +139,6 @@ def run_fleet(admin_url: str, route: str, workers: int, total: int, trial_s: flo
         stop.set()
         sampler.join()
         trials = optuna.load_study(study_name=STUDY, storage=url).get_trials(deepcopy=False)
-        if proxy is not None:
-            proxy.terminate()
-            proxy.wait(10)
     finished = sum(t.state in FINISHED for t in trials)
     failed = [t for t in trials if t.state == TrialState.FAIL]
     retried = {t.system_attrs.get("failed_trial") for t in trials} - {None}

@@ -1,16 +1,25 @@
-"""Scratch databases on a real server, for tests and benchmarks (as ``optuna.testing`` serves
-Optuna's own suites): created empty, dropped afterwards with whatever still holds them.
+"""Real servers for tests and benchmarks (as ``optuna.testing`` serves Optuna's own suites):
+scratch databases, created empty and dropped afterwards with whatever still holds them, and the
+gRPC storage proxy served on a free port.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import sqlalchemy
 
-__all__ = ["scratch_database"]
+__all__ = ["scratch_database", "served_proxy"]
+
+_CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
@@ -38,3 +47,32 @@ def scratch_database(admin_url: str, prefix: str = "tuner_scratch") -> Iterator[
         with admin.connect() as connection:
             connection.execute(sqlalchemy.text(f"DROP DATABASE IF EXISTS {quoted}{force}"))
         admin.dispose()
+
+
+@contextmanager
+def served_proxy(database: str, start_timeout_s: float = 60.0) -> Iterator[str]:
+    """``python -m storage.proxy`` serving ``database`` on a free port; its ``grpc://`` URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = os.pathsep.join(filter(None, [str(_CHECKOUT), os.environ.get("PYTHONPATH")]))
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "storage.proxy", "--storage", database, "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": path},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not _listening(port):
+            if time.monotonic() > deadline or proxy.poll() is not None:
+                raise RuntimeError(f"the gRPC proxy did not start on port {port}")
+            time.sleep(0.2)
+        yield f"grpc://127.0.0.1:{port}"
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,30 +52,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def served_proxy(database: str) -> Iterator[str]:
-    """``python -m storage.proxy`` serving ``database`` on a free port; its ``grpc://`` URL."""
-    port = free_port()
-    proxy = subprocess.Popen(
-        [sys.executable, "-m", "storage.proxy", "--storage", database, "--port", str(port)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.2)
-        yield f"grpc://127.0.0.1:{port}"
-    finally:
-        proxy.terminate()
-        proxy.wait(10)
 
 
 def run_cli(

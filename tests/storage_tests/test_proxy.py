@@ -7,7 +7,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import run_cli, served_proxy, study_cli
+from storage.testing import served_proxy
+from tests.conftest import run_cli, study_cli
 
 pytest.importorskip("grpc")
 

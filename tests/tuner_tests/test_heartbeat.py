@@ -11,7 +11,7 @@ import pytest
 from optuna.trial import TrialState
 
 from storage import open_storage
-from tests.conftest import served_proxy
+from storage.testing import served_proxy
 from tuner.fleet import StaleTrials, heartbeat
 from tuner.fleet._heartbeat import BEAT_ATTR, NEVER_BEAT_ERROR, STOPPED_BEATING_ERROR
 
