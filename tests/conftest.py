@@ -58,9 +58,22 @@ def run_cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -m <args>`` as a user would, from the repository's Python."""
+    return _python(["-m", *args], cwd, env, timeout)
+
+
+def run_python(
+    code: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c <code>`` in a fresh interpreter that imports this checkout."""
+    return _python(["-c", code], cwd, env, timeout)
+
+
+def _python(
+    argv: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", *args],
+        [sys.executable, *argv],
         cwd=cwd or ROOT,
         env=full_env,
         capture_output=True,

@@ -27,6 +27,7 @@ from objectives import Workload
 from tuner.insight._best import BestSetting, NoResultError, best_setting
 from tuner.machine import (
     CpuLoad,
+    Profile,
     _gpu,
     _memory,
     detect_fingerprint,
@@ -39,7 +40,15 @@ from tuner.machine import (
 from tuner.search._baselines import rule_of_thumb_workers
 from tuner.search._settings import LoaderSettings
 
-__all__ = ["AdaptiveLoader", "MachineState", "clamp_to_machine", "loader", "read_machine"]
+__all__ = [
+    "AdaptiveLoader",
+    "MachineState",
+    "clamp_to_machine",
+    "fit_to_machine",
+    "live_profile",
+    "loader",
+    "read_machine",
+]
 
 _log = logging.getLogger("tuner.loader")
 
@@ -94,6 +103,17 @@ def read_machine(cpu_load: CpuLoad | None = None) -> MachineState:
         total_memory_bytes=_memory.total_memory_bytes(),
         gpu_free_fraction=_gpu_free_fraction(),
     )
+
+
+def live_profile(hardware: str, profiles_file: str | None = None) -> Profile:
+    """The profile a stored optimum was tuned for, checked against this machine."""
+    return resolve_profile(hardware, load_catalog(profiles_file), detect_fingerprint())
+
+
+def fit_to_machine(settings: LoaderSettings, profile: Profile) -> LoaderSettings:
+    """The stored optimum clamped to the live machine (:func:`clamp_to_machine`), as every way
+    of applying it does: ``tuner.loader``, the Lightning callback, ``TrainingArguments``."""
+    return clamp_to_machine(settings, profile.vcpus, profile.memory_bytes, read_machine())
 
 
 def clamp_to_machine(
@@ -264,9 +284,7 @@ def loader(
     """
     if (dataset is None) == (workload is None):
         raise TypeError("tuner.loader takes a dataset or workload=, exactly one of them")
-    catalog = load_catalog()
-    fingerprint = detect_fingerprint()
-    profile = resolve_profile(hardware, catalog, fingerprint)
+    profile = live_profile(hardware)
     best: BestSetting | None
     try:
         best = best_setting(hardware, objective, storage, study=study)
@@ -277,7 +295,7 @@ def loader(
         settings = _rule_of_thumb(batch_size or (workload.default_batch_size if workload else 32))
     if batch_size is not None:
         settings = dataclasses.replace(settings, batch=batch_size)
-    settings = clamp_to_machine(settings, profile.vcpus, profile.memory_bytes, read_machine())
+    settings = fit_to_machine(settings, profile)
     if best is not None and set_threads:
         dataclasses.replace(best, settings=settings).apply(_log)
     if workload is not None:

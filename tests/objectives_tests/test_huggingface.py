@@ -7,10 +7,7 @@ and nothing is downloaded.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -29,7 +26,7 @@ from objectives import (  # noqa: E402
     move_to_device,
     workload_from_trainer,
 )
-from tests.conftest import ROOT, study_cli  # noqa: E402
+from tests.conftest import run_python, study_cli  # noqa: E402
 from tests.objectives_tests import hf_script  # noqa: E402
 from tuner._attrs import trial_settings  # noqa: E402
 from tuner.search._settings import LoaderSettings  # noqa: E402
@@ -158,14 +155,7 @@ def test_importing_the_tuner_does_not_import_transformers() -> None:
         "import sys, objectives, tuner, tuner.best, tuner.integrations.huggingface\n"
         "print(sorted(m for m in ('transformers', 'datasets', 'accelerate') if m in sys.modules))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python(code, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 

@@ -4,8 +4,6 @@ line, ``--objective`` takes the script, and a real study of it completes."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from objectives import WorkloadError, load_workload
 from objectives.lightning import first_optimizer, workload_from_lightning
-from tests.conftest import ROOT, study_cli
+from tests.conftest import run_python, study_cli
 from tests.objectives_tests import lightning_script as script
 from tuner._attrs import trial_settings
 
@@ -136,9 +134,7 @@ def test_importing_objectives_and_loading_a_plain_workload_does_not_import_light
         "objectives.load_workload('tests.objectives_tests.dataloader_script:LOADER'); "
         "assert not [m for m in sys.modules if 'lightning' in m], 'lightning imported'"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    result = run_python(code, timeout=120)
     assert result.returncode == 0, result.stderr
 
 

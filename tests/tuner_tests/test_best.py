@@ -11,9 +11,6 @@ knob selects, and the batch itself. Behaviour, not speed (bench/deliver.py measu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,7 @@ from torch.utils.data import default_collate
 
 import tuner
 from storage import open_storage
-from tests.conftest import ROOT, best_cli, study_cli
+from tests.conftest import best_cli, run_python, study_cli
 from tests.tuner_tests.test_note import remeasured_the_other_way
 from tests.tuner_tests.workloads import Vectors
 from tuner.dashboard import TunerBestStorage
@@ -91,14 +88,7 @@ def _in_fresh_process(code: str, setting: BestSetting) -> dict[str, Any]:
     other = 1 if setting.torch_num_threads > 1 else 2
     keys = list(setting.dataloader_kwargs)
     prelude = f"import torch\ntorch.set_num_threads({other})\nKEYS = {keys!r}\n"
-    result = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code) + OBSERVE],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_python(prelude + textwrap.dedent(code) + OBSERVE)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -41,9 +41,8 @@ from lightning.pytorch.callbacks import BatchSizeFinder, GradientAccumulationSch
 from torch.utils.data import DataLoader
 
 from objectives import Workload
-from tuner._loader import _unapplied, clamp_to_machine, read_machine
+from tuner._loader import _unapplied, fit_to_machine, live_profile
 from tuner.insight._best import BestSetting, NoResultError, best_setting
-from tuner.machine import detect_fingerprint, load_catalog, resolve_profile
 from tuner.search._settings import LoaderSettings
 
 __all__ = ["TunedDataLoaders", "tuned_dataloader"]
@@ -145,13 +144,8 @@ class TunedDataLoaders(pl.Callback):
 
     def _fitted(self, best: BestSetting) -> BestSetting:
         """The stored optimum clamped to the live machine, as :func:`tuner.loader` clamps it."""
-        profile = resolve_profile(
-            self.hardware, load_catalog(self.profiles_file), detect_fingerprint()
-        )
-        settings = clamp_to_machine(
-            best.settings, profile.vcpus, profile.memory_bytes, read_machine()
-        )
-        return dataclasses.replace(best, settings=settings)
+        profile = live_profile(self.hardware, self.profiles_file)
+        return dataclasses.replace(best, settings=fit_to_machine(best.settings, profile))
 
     def _replace_train_loader(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, best: BestSetting
