@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tuner._loader import fit_to_machine, live_profile
 from tuner.insight._best import BestSetting, best_setting
 
 __all__ = ["training_arguments_snippet", "tuned_training_arguments"]
@@ -27,13 +28,16 @@ def tuned_training_arguments(
     profiles_file: str | None = None,
 ) -> Any:
     """``args`` (a ``TrainingArguments``) with the tuned batch, accumulation and DataLoader
-    fields of ``<objective>@<hardware>``, everything else as it was; a new object.
+    fields of ``<objective>@<hardware>``, fitted to the live machine as ``tuner.loader`` fits
+    them (fewer usable CPUs: fewer workers), everything else as it was; a new object.
 
     With ``set_threads`` the tuned intra-op threads are set too (:meth:`BestSetting.apply`,
     logged), since TrainingArguments cannot carry them. Raises ``tuner.NoResultError`` when
     there is no study or no finished trial.
     """
     best = best_setting(hardware, objective, storage, profiles_file=profiles_file, study=study)
+    profile = live_profile(hardware, profiles_file)
+    best = dataclasses.replace(best, settings=fit_to_machine(best.settings, profile))
     tuned = dataclasses.replace(args, **best.training_arguments())
     if set_threads:
         best.apply()
