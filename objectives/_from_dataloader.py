@@ -17,7 +17,7 @@ from torch.utils.data import (
     default_collate,
 )
 
-__all__ = ["dataloader_fields", "widened_range"]
+__all__ = ["dataloader_fields", "trained_today", "widened_range"]
 
 DEFAULT_BATCH_SIZE_RANGE = (8, 512)
 """The search's batch sizes, widened to take in the user's own batch size."""
@@ -44,7 +44,6 @@ def dataloader_fields(loader: DataLoader) -> dict[str, Any]:
         loader.dataset, IterableDataset
     ):
         raise ValueError("the DataLoader's batch_sampler is not torch's BatchSampler")
-    workers = loader.num_workers
     return {
         "dataset": loader.dataset,
         "collate_fn": None if loader.collate_fn is default_collate else loader.collate_fn,
@@ -52,12 +51,22 @@ def dataloader_fields(loader: DataLoader) -> dict[str, Any]:
         "sampler": _kept_sampler(loader),
         "drop_last": loader.drop_last,
         "worker_init_fn": loader.worker_init_fn,
-        "current": {
-            "num_workers": workers,
-            "prefetch_factor": loader.prefetch_factor if workers else None,
-            "pin_memory": loader.pin_memory,
-            "persistent_workers": loader.persistent_workers if workers else False,
-        },
+        "current": trained_today(
+            loader.num_workers, loader.prefetch_factor, loader.pin_memory, loader.persistent_workers
+        ),
+    }
+
+
+def trained_today(
+    num_workers: int, prefetch_factor: int | None, pin_memory: bool, persistent_workers: bool
+) -> dict[str, Any]:
+    """``Workload.current``: the worker settings trained with today, prefetch and persistence
+    only with workers (as PyTorch takes them)."""
+    return {
+        "num_workers": num_workers,
+        "prefetch_factor": prefetch_factor if num_workers else None,
+        "pin_memory": bool(pin_memory),
+        "persistent_workers": bool(persistent_workers) if num_workers else False,
     }
 
 

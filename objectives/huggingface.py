@@ -21,13 +21,11 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler
 
+from objectives._from_dataloader import trained_today, widened_range
 from objectives._loading import WorkloadError
 from objectives._workload import Workload
 
 __all__ = ["workload_from_trainer"]
-
-DEFAULT_BATCH_SIZE_RANGE = (8, 512)
-"""The search's batch sizes, widened to take in the Trainer's own batch size."""
 
 
 def workload_from_trainer(
@@ -56,24 +54,22 @@ def workload_from_trainer(
         )
     loader = trainer.get_train_dataloader()
     batch = int(args.per_device_train_batch_size)
-    workers = int(args.dataloader_num_workers)
-    low, high = DEFAULT_BATCH_SIZE_RANGE
     return Workload(
         name=name,
         dataset=loader.dataset,
         collate_fn=loader.collate_fn,
         make_step=functools.partial(TrainerStep, trainer),
         default_batch_size=batch,
-        batch_size_range=batch_size_range or (min(low, batch), max(high, batch)),
+        batch_size_range=batch_size_range or widened_range(batch),
         sampler=_kept_sampler(loader),
         drop_last=bool(args.dataloader_drop_last),
         worker_init_fn=loader.worker_init_fn,
-        current={
-            "num_workers": workers,
-            "prefetch_factor": args.dataloader_prefetch_factor if workers else None,
-            "pin_memory": bool(args.dataloader_pin_memory),
-            "persistent_workers": bool(args.dataloader_persistent_workers) if workers else False,
-        },
+        current=trained_today(
+            int(args.dataloader_num_workers),
+            args.dataloader_prefetch_factor,
+            args.dataloader_pin_memory,
+            args.dataloader_persistent_workers,
+        ),
         description=f"{name}: {type(trainer.model).__name__} on {type(dataset).__name__}, "
         f"batch {batch}",
     )
