@@ -307,6 +307,11 @@ def test_the_model_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path: 
     ]
     assert trials[2].user_attrs["model_seed"] == "predicted-best"
     assert trials[2].user_attrs["settings"]["num_workers"] > detect_fingerprint().usable_cpus
+    # Then the model's corrected picks and the best's neighbours, one at a time.
+    assert len(trials) > 3 and trials[3].user_attrs["model_seed"] in ("corrected", "neighbour")
+    for trial in trials[3:]:
+        if "model_seed" in trial.user_attrs:
+            assert trial.user_attrs["corrected_samples_per_sec"] > 0
     for trial in trials:
         if trial.state == optuna.trial.TrialState.COMPLETE:
             assert trial.user_attrs["predicted_samples_per_sec"] > 0

@@ -13,9 +13,9 @@ from __future__ import annotations
 from tuner.pipeline._model import (
     PipelineModel,
     Prediction,
+    candidate_setting,
     memory_max_workers,
     model_attrs,
-    model_candidates,
     predict,
     predicted_best,
     worker_range,
@@ -27,15 +27,18 @@ from tuner.pipeline._profile import (
     store_profile,
     stored_profile,
 )
+from tuner.pipeline._refine import Proposal, next_setting
 
 __all__ = [
     "PROFILE_ATTR",
     "PipelineModel",
     "PipelineProfile",
     "Prediction",
+    "Proposal",
+    "candidate_setting",
     "memory_max_workers",
     "model_attrs",
-    "model_candidates",
+    "next_setting",
     "predict",
     "predicted_best",
     "store_profile",

@@ -39,8 +39,8 @@ __all__ = [
     "OVERSUBSCRIBED_STEP_FACTOR",
     "PipelineModel",
     "Prediction",
+    "candidate_setting",
     "memory_max_workers",
-    "model_candidates",
     "predict",
     "predicted_best",
     "worker_range",
@@ -199,19 +199,25 @@ def _fixed_or(space: SearchSpace, name: str, values: Sequence[Any]) -> Sequence[
     return [space.fixed[name]] if name in space.fixed else values
 
 
+def candidate_setting(
+    space: SearchSpace, workers: int, batch: int, threads: int, knobs: Mapping[str, Any]
+) -> LoaderSettings:
+    """A setting the model proposes: prefetch 2 and persistent workers unless the user fixed
+    them (neither changes the steady rate; persistence saves each epoch's worker starts)."""
+    prefetch = space.fixed.get("prefetch_factor", 2) if workers else None
+    persistent = bool(space.fixed.get("persistent_workers", True)) and workers > 0
+    pin = bool(space.fixed.get("pin_memory", space.cuda))
+    return space.settings(workers, batch, prefetch, persistent, pin, threads, knobs)
+
+
 def _candidates(space: SearchSpace, knobs: Mapping[str, Any]) -> list[LoaderSettings]:
-    """Every worker, batch and thread count of ``space`` (prefetch 2, persistent workers)."""
-    result = []
-    for workers in _fixed_or(space, "num_workers", range(space.max_workers + 1)):
-        for batch in _fixed_or(space, space.batch_param, space.batch_choices()):
-            for threads in _fixed_or(space, "torch_num_threads", range(1, space.max_threads + 1)):
-                prefetch = space.fixed.get("prefetch_factor", 2) if workers else None
-                persistent = bool(space.fixed.get("persistent_workers", True)) and workers > 0
-                pin = bool(space.fixed.get("pin_memory", space.cuda))
-                result.append(
-                    space.settings(workers, batch, prefetch, persistent, pin, threads, knobs)
-                )
-    return result
+    """Every worker, batch and thread count of ``space``."""
+    return [
+        candidate_setting(space, workers, batch, threads, knobs)
+        for workers in _fixed_or(space, "num_workers", range(space.max_workers + 1))
+        for batch in _fixed_or(space, space.batch_param, space.batch_choices())
+        for threads in _fixed_or(space, "torch_num_threads", range(1, space.max_threads + 1))
+    ]
 
 
 def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettings:
@@ -219,41 +225,6 @@ def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettin
     _, best = _best_at(profile, _candidates(space, space.base_knobs))
     assert best is not None  # a space always holds at least one setting
     return best
-
-
-def model_candidates(profile: PipelineProfile, space: SearchSpace) -> list[LoaderSettings]:
-    """The predicted best, then neighbours: half and twice its workers, the other thread counts
-    and batch values beside it, each other knob value. Distinct, inside the space."""
-    best = predicted_best(profile, space)
-    batches = space.batch_choices()
-    index = batches.index(best.batch) if best.batch in batches else 0
-    variants: list[dict[str, Any]] = []
-    if "num_workers" not in space.fixed:
-        for workers in (best.num_workers // 2, best.num_workers * 2):
-            if 0 < workers <= space.max_workers:
-                variants.append({"num_workers": workers})
-    if space.batch_param not in space.fixed:
-        for near in (index - 1, index + 1):
-            if 0 <= near < len(batches):
-                variants.append({"batch": batches[near]})
-    if "torch_num_threads" not in space.fixed and space.max_threads > 1:
-        other = 1 if best.torch_num_threads > 1 else space.max_threads
-        variants.append({"torch_num_threads": other})
-    for knob, choices in space.workload.knobs.items():
-        if knob not in space.fixed:
-            for choice in choices:
-                if choice != best.knobs.get(knob):
-                    variants.append({"knobs": {**best.knobs, knob: choice}})
-    result, seen = [best], {repr(best.to_attrs())}
-    for change in variants:
-        attrs = {**best.to_attrs(), **change}
-        if attrs["num_workers"] == 0:
-            attrs.update(prefetch_factor=None, persistent_workers=False)
-        candidate = LoaderSettings.from_attrs(attrs)
-        if repr(candidate.to_attrs()) not in seen:
-            seen.add(repr(candidate.to_attrs()))
-            result.append(candidate)
-    return result
 
 
 def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes: int | None) -> int:

@@ -24,8 +24,10 @@ from tuner.insight._summary import best_trial, trial_throughput
 from tuner.pipeline import (
     PipelineModel,
     PipelineProfile,
+    Proposal,
     memory_max_workers,
-    model_candidates,
+    next_setting,
+    predicted_best,
     store_profile,
     stored_profile,
     worker_range,
@@ -35,18 +37,19 @@ from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
 from tuner.run._tools import make_job
 from tuner.search._baselines import enqueue_settings
+from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
 from tuner.trial._protocol import Mode
 from tuner.trial._supervisor import Supervisor
 
 __all__ = [
     "BOUND_STOP_FRACTION",
-    "MAX_MODEL_SEEDS",
     "MODEL_SEED_ATTR",
     "WORKER_RANGE_ATTR",
     "bound_stop_candidate",
     "bound_stop_message",
-    "enqueue_model_seeds",
+    "enqueue_model_seed",
+    "enqueue_next_setting",
     "grow_worker_range",
     "model_space",
     "profile_pipeline",
@@ -56,16 +59,14 @@ _log = logging.getLogger("tuner")
 
 WORKER_RANGE_ATTR = "num_workers_max"
 MODEL_SEED_ATTR = "model_seed"
-"""Trial user attr on the model's seeds: ``predicted-best`` or ``neighbour``."""
+"""Trial user attr on the trials the model chose: ``predicted-best`` (queued with the baselines),
+then ``corrected`` or ``neighbour`` (:func:`tuner.pipeline._refine.next_setting`)."""
 
-MAX_MODEL_SEEDS = 4
-"""The predicted best and three neighbours: with the two baselines, six trials before sampling."""
+CORRECTED_ATTR = "corrected_samples_per_sec"
+"""Trial user attr: the corrected prediction that chose the trial (beside the model's own)."""
 
 BOUND_STOP_FRACTION = 0.95
 """A re-measured best within 5% of the bound ends the study: the model says nothing is left."""
-
-CONFIRM_TRIALS = 2
-"""Trials after the seeds that must not beat the seeded best for it to count as confirmed."""
 
 PROFILE_BUDGET_S = 1.0
 
@@ -117,50 +118,81 @@ def model_space(
     return dataclasses.replace(space, max_workers=int(stored))
 
 
-def enqueue_model_seeds(study: optuna.Study, space: SearchSpace, model: PipelineModel) -> int:
-    """Queue the predicted best and its nearest neighbours; the caller holds the study lock and
-    has just queued the baselines (so this happens once per study). Returns how many."""
-    seeds = model_candidates(model.profile, space)[:MAX_MODEL_SEEDS]
-    for number, settings in enumerate(seeds):
-        enqueue_settings(
-            study,
-            space,
-            settings,
-            **{MODEL_SEED_ATTR: "predicted-best" if number == 0 else "neighbour"},
-        )
-    return len(seeds)
+def enqueue_model_seed(study: optuna.Study, space: SearchSpace, model: PipelineModel) -> None:
+    """Queue the model's predicted best; the caller holds the study lock and has just queued
+    the baselines (so this happens once per study)."""
+    enqueue_settings(
+        study, space, predicted_best(model.profile, space), **{MODEL_SEED_ATTR: "predicted-best"}
+    )
 
 
-def _finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+def _measurements(
+    study: optuna.Study,
+) -> tuple[list[tuple[LoaderSettings, float]], list[LoaderSettings]]:
+    """(settings, samples/s) of the complete trials (re-measured medians where there are), and
+    the settings of every other trial: queued, running, pruned or failed, none to propose."""
+    medians = remeasured(study)
+    measured: list[tuple[LoaderSettings, float]] = []
+    other: list[LoaderSettings] = []
+    for trial in study.get_trials(deepcopy=False):
+        if not has_settings(trial):
+            continue
+        if trial.state == TrialState.COMPLETE and trial.value is not None:
+            measured.append((trial_settings(trial), trial_throughput(trial, medians)))
+        else:
+            other.append(trial_settings(trial))
+    return measured, other
+
+
+def _proposal(study: optuna.Study, space: SearchSpace, model: PipelineModel) -> Proposal | None:
+    measured, other = _measurements(study)
+    return next_setting(model.profile, space, measured, other)
+
+
+def enqueue_next_setting(
+    study: optuna.Study, storage_url: str, space: SearchSpace, model: PipelineModel
+) -> Proposal | None:
+    """Queue the model strategy's next setting unless a trial already waits; None when there is
+    nothing left to propose (or a trial was already queued)."""
+    with storage_lock(storage_url, study.study_name):
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return None
+        proposal = _proposal(study, space, model)
+        if proposal is not None:
+            enqueue_settings(
+                study,
+                space,
+                proposal.settings,
+                **{
+                    MODEL_SEED_ATTR: proposal.why,
+                    CORRECTED_ATTR: proposal.corrected_samples_per_sec,
+                },
+            )
+    return proposal
 
 
 def bound_stop_candidate(
-    study: optuna.Study, model: PipelineModel
+    study: optuna.Study, model: PipelineModel, space: SearchSpace
 ) -> optuna.trial.FrozenTrial | None:
-    """The best trial once the seeds are done and it is near the bound or the seeded best held
-    against :data:`CONFIRM_TRIALS` later trials; None while searching on is worth it."""
-    finished = _finished(study)
-    seeds = [t for t in finished if MODEL_SEED_ATTR in t.user_attrs]
+    """The best trial once the model's seed is measured and the best is near the bound or has
+    held against all its neighbours (nothing left to propose); None while searching on pays."""
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))
-    if not seeds or any(MODEL_SEED_ATTR in t.user_attrs for t in waiting):
+    if not any(MODEL_SEED_ATTR in t.user_attrs for t in finished):
+        return None
+    if any(MODEL_SEED_ATTR in t.user_attrs or "baseline" in t.user_attrs for t in waiting):
         return None
     best = best_trial(study)
     if best is None:
         return None
-    throughput = trial_throughput(best, remeasured(study))
-    if throughput >= BOUND_STOP_FRACTION * model.bound:
+    if trial_throughput(best, remeasured(study)) >= BOUND_STOP_FRACTION * model.bound:
         return best
-    last_seed = max(t.number for t in seeds)
-    after = [t for t in finished if t.number > last_seed and "baseline" not in t.user_attrs]
-    if MODEL_SEED_ATTR in best.user_attrs and len(after) >= CONFIRM_TRIALS:
-        return best
-    return None
+    return best if _proposal(study, space, model) is None else None
 
 
-def bound_stop_message(study: optuna.Study, model: PipelineModel) -> str | None:
+def bound_stop_message(study: optuna.Study, model: PipelineModel, space: SearchSpace) -> str | None:
     """Why the study stops now (its candidate re-measured), or None."""
-    best = bound_stop_candidate(study, model)
+    best = bound_stop_candidate(study, model, space)
     medians = remeasured(study)
     if best is None or best.number not in medians:
         return None
@@ -169,10 +201,7 @@ def bound_stop_message(study: optuna.Study, model: PipelineModel) -> str | None:
     if throughput >= BOUND_STOP_FRACTION * model.bound:
         why = f"{share:.1%} of the bound ({model.bound:,.1f} samples/s the model allows here)"
     else:
-        why = (
-            f"the model's seeded best held against {CONFIRM_TRIALS} sampled trials "
-            f"({share:.1%} of the bound)"
-        )
+        why = f"it held against all its neighbours ({share:.1%} of the bound)"
     return (
         f"stopping early: trial {best.number} reaches {throughput:,.1f} samples/s re-measured, "
         + why

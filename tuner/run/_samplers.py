@@ -25,8 +25,10 @@ N_STARTUP_TRIALS = 6
 
 SAMPLERS = ("gp", "tpe", "random", "model")
 MODEL_STRATEGY = "model"
-"""``--sampler model``: the pipeline model's best and neighbours first, then ``gp``, stopping once
-the best is near the bound or the model's pick held."""
+"""``--sampler model``: the pipeline model's predicted best, then its picks corrected by each
+measurement and the best's neighbours (:func:`tuner.pipeline.next_setting`), stopping once the
+best is near the bound or held against all its neighbours; ``gp`` asks only if the study goes
+on after that (a re-measured best that moved)."""
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:

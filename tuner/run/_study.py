@@ -173,10 +173,11 @@ def _enqueue_first_trials(
     with storage_lock(config.storage, prepared.study_name):
         if enqueue_baselines(study, space, prepared.fingerprint.physical_cores):
             if model is not None and config.sampler == MODEL_STRATEGY:
-                count = _pipeline.enqueue_model_seeds(study, space, model)
+                _pipeline.enqueue_model_seed(study, space, model)
                 print(
-                    f"model: bound {model.bound:,.0f} samples/s; {count} seeds from its "
-                    f"predicted best ({model.predict(model.best):,.0f} samples/s predicted)",
+                    f"model: bound {model.bound:,.0f} samples/s; its predicted best first "
+                    f"({model.predict(model.best):,.0f} samples/s predicted), then its "
+                    "corrected picks and the best's neighbours",
                     file=out,
                 )
             sources = enqueue_warm_start(study, config.objective, prepared.profile, space)
@@ -215,6 +216,7 @@ def _run_trials(
         while config.n_trials is None or trials_run < config.n_trials:
             if config.timeout is not None and time.monotonic() - started >= config.timeout:
                 break
+            _propose(prepared, study, runner)
             asked = with_retry(lambda: _ask(study, prepared, stale), "asking for a trial")
             if asked is None:
                 break
@@ -277,17 +279,32 @@ def _ask(
         return study.ask()
 
 
+def _propose(prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner) -> None:
+    """Under ``--sampler model``: queue the model's next setting when no trial waits (with
+    nothing left to propose, the stop after the last trial has already ended the study)."""
+    model = runner.model
+    if model is None or prepared.config.sampler != MODEL_STRATEGY:
+        return
+    with_retry(
+        lambda: _pipeline.enqueue_next_setting(study, prepared.config.storage, runner.space, model),
+        "queueing the model's next setting",
+    )
+
+
 def _stop_near_bound(study: optuna.Study, runner: TrialRunner, config: StudyConfig) -> str | None:
-    """Under ``--sampler model``: stop once the re-measured best is near the bound or the
-    model's seeded best held; the candidate is re-measured first, as near the ceiling."""
+    """Under ``--sampler model``: stop once the re-measured best is near the bound or held
+    against all its neighbours; the candidate is re-measured first, as near the ceiling."""
     model = runner.model
     if model is None or config.sampler != MODEL_STRATEGY:
         return None
-    candidate = with_retry(lambda: _pipeline.bound_stop_candidate(study, model), "reading the best")
+    space = runner.space
+    candidate = with_retry(
+        lambda: _pipeline.bound_stop_candidate(study, model, space), "reading the best"
+    )
     if candidate is not None and candidate.number not in remeasured(study):
         rounds = max(2, config.remeasure_rounds)
         remeasure(study, runner, [candidate], rounds, config.storage, sys.stderr, False)
-    return with_retry(lambda: _pipeline.bound_stop_message(study, model), "reading the best")
+    return with_retry(lambda: _pipeline.bound_stop_message(study, model, space), "reading the best")
 
 
 def _grown(

@@ -18,6 +18,7 @@ import dataclasses
 import multiprocessing
 import os
 import sys
+import warnings
 from multiprocessing.connection import Connection
 
 import torch
@@ -129,6 +130,9 @@ def run_child(conn: Connection, job: Job, supervisor_pid: int) -> None:
     # A forkserver Process makes "forkserver" its own default start method; DataLoader workers
     # must start the way they would in the user's process: the platform's default.
     multiprocessing.set_start_method(None, force=True)
+    # Trials run more workers than cores on purpose (samples that wait on storage); PyTorch's
+    # warning about it, once per DataLoader, would flood the study's output.
+    warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     if job.cwd:
         os.chdir(job.cwd)
     if job.sys_path:

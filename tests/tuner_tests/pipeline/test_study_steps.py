@@ -14,22 +14,34 @@ from tests.tuner_tests.pipeline.test_model import _profile, _space
 from tuner._naming import REMEASURED_ATTR
 from tuner.pipeline import PipelineModel
 from tuner.run._pipeline import (
+    CORRECTED_ATTR,
     MODEL_SEED_ATTR,
     WORKER_RANGE_ATTR,
     bound_stop_candidate,
     bound_stop_message,
+    enqueue_next_setting,
     grow_worker_range,
 )
+from tuner.search._settings import LoaderSettings
+
+SPACE = _space(max_workers=64)
 
 
-def _add(study: optuna.Study, value: float, workers: int, **attrs: Any) -> None:
-    settings = _space(max_workers=64).settings(
-        workers, 32, 2 if workers else None, workers > 0, False, 1, {}
-    )
+def _add(
+    study: optuna.Study,
+    value: float,
+    workers: int,
+    settings: LoaderSettings | None = None,
+    **attrs: Any,
+) -> None:
+    if settings is None:
+        settings = _space(max_workers=64).settings(
+            workers, 32, 2 if workers else None, workers > 0, False, 1, {}
+        )
     study.add_trial(
         optuna.trial.create_trial(
             value=value,
-            params={"num_workers": workers},
+            params={"num_workers": settings.num_workers},
             distributions={"num_workers": IntDistribution(0, 64)},
             user_attrs={"settings": settings.to_attrs(), **attrs},
         )
@@ -49,35 +61,47 @@ def _model(bound: float) -> PipelineModel:
 
 def test_no_stop_before_the_seeds_are_measured(study: optuna.Study) -> None:
     _add(study, 100.0, 0, baseline="pytorch-default")
-    assert bound_stop_candidate(study, _model(100.0)) is None  # no seed yet
+    assert bound_stop_candidate(study, _model(100.0), SPACE) is None  # no seed yet
     study.enqueue_trial({"num_workers": 8}, user_attrs={MODEL_SEED_ATTR: "predicted-best"})
     _add(study, 99.0, 8, **{MODEL_SEED_ATTR: "neighbour"})
-    assert bound_stop_candidate(study, _model(100.0)) is None  # a seed still waits
+    assert bound_stop_candidate(study, _model(100.0), SPACE) is None  # a seed still waits
 
 
 def test_a_best_near_the_bound_stops_once_re_measured(study: optuna.Study) -> None:
     _add(study, 50.0, 0, baseline="pytorch-default")
     _add(study, 97.0, 16, **{MODEL_SEED_ATTR: "predicted-best"})
     model = _model(100.0)
-    best = bound_stop_candidate(study, model)
+    best = bound_stop_candidate(study, model, SPACE)
     assert best is not None and best.number == 1
-    assert bound_stop_message(study, model) is None  # not re-measured yet
+    assert bound_stop_message(study, model, SPACE) is None  # not re-measured yet
     study.set_user_attr(REMEASURED_ATTR, {"1": 96.0})
-    message = bound_stop_message(study, model)
+    message = bound_stop_message(study, model, SPACE)
     assert message is not None and "96.0% of the bound" in message
 
 
-def test_a_seeded_best_is_confirmed_by_two_trials_that_do_not_beat_it(study: optuna.Study) -> None:
+def test_the_next_setting_is_queued_once_and_the_best_stops_when_its_neighbours_are_slower(
+    study: optuna.Study, sqlite_url: str
+) -> None:
+    model = _model(1e9)  # a bound never reached: only the neighbours can stop the study
     _add(study, 50.0, 0, baseline="pytorch-default")
-    _add(study, 80.0, 16, **{MODEL_SEED_ATTR: "predicted-best"})
-    _add(study, 60.0, 8, **{MODEL_SEED_ATTR: "neighbour"})
-    model = _model(1000.0)
-    _add(study, 70.0, 4)
-    assert bound_stop_candidate(study, model) is None
-    _add(study, 75.0, 2)
-    assert bound_stop_candidate(study, model).number == 1  # type: ignore[union-attr]
-    _add(study, 90.0, 32)  # the sampler beat the seed: no longer confirmed
-    assert bound_stop_candidate(study, model) is None
+    seed = model.best
+    _add(study, model.predict(seed), seed.num_workers, seed, **{MODEL_SEED_ATTR: "predicted-best"})
+    measured = 0
+    while bound_stop_candidate(study, model, SPACE) is None:
+        proposal = enqueue_next_setting(study, sqlite_url, SPACE, model)
+        assert proposal is not None
+        assert enqueue_next_setting(study, sqlite_url, SPACE, model) is None  # one waits
+        trial = study.ask()
+        assert trial.user_attrs[MODEL_SEED_ATTR] in ("corrected", "neighbour")
+        assert trial.user_attrs[CORRECTED_ATTR] == pytest.approx(proposal.corrected_samples_per_sec)
+        study.tell(trial, 0.95 * model.predict(seed))  # every other setting a little slower
+        measured += 1
+        assert measured < 20, "the neighbours never ran out"
+    assert bound_stop_candidate(study, model, SPACE).number == 1  # type: ignore[union-attr]
+    assert measured >= 1
+    study.set_user_attr(REMEASURED_ATTR, {"1": model.predict(seed)})
+    message = bound_stop_message(study, model, SPACE)
+    assert message is not None and "held against all its neighbours" in message
 
 
 def test_the_range_grows_when_the_best_waits_for_data_at_its_edge(

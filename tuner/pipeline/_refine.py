@@ -1,0 +1,211 @@
+"""The model strategy's next setting: the model corrected by what was measured, then the best's
+neighbours; none once the best measured has held against all of them.
+
+The model gets the shape of a pipeline right (where more workers stop paying, which stage
+binds) and its level wrong by a factor that moves across the space: co-tenants' load, the cost
+of scheduling dozens of processes (on the loaded 2-core machine it predicted 1.3-2.4x what 32-64
+workers delivered, within 4-9% up to 16). So every prediction is scaled by the ratio measured /
+predicted of the nearest measured setting, and the search measures:
+
+1. the candidate whose corrected prediction beats the best measured by :data:`IMPROVE_FRACTION`
+   (the model still expects more somewhere: go and see; each measurement corrects the model
+   around it);
+2. else the best measured setting's untried neighbours: one step along the worker ladder each
+   way (always measured: the model's error grows with the worker count, so it cannot rule
+   these out), then, in order of corrected prediction, the batch value each side, the other
+   thread count, each other value of each workload knob; of these, those the corrected model
+   puts below :data:`NEIGHBOUR_FRACTION` of the best are ruled out unmeasured;
+3. else nothing: the best is a confirmed local optimum, and the study may stop.
+
+Candidates are :func:`~tuner.pipeline._model.candidate_setting`'s. Pure functions
+of the profile, the space and the measurements, so a fleet's workers agree on the next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from tuner.pipeline._model import _fixed_or, candidate_setting, predict
+from tuner.pipeline._profile import PipelineProfile
+from tuner.search._settings import LoaderSettings
+from tuner.search._space import SearchSpace
+
+__all__ = [
+    "IMPROVE_FRACTION",
+    "Proposal",
+    "corrected_prediction",
+    "next_setting",
+    "setting_key",
+    "worker_ladder",
+]
+
+IMPROVE_FRACTION = 1.03
+"""A corrected prediction must beat the best measured by 3% to be worth a trial of its own:
+less is within one window's noise on this machine (the repeatability floor was 0.6-5%)."""
+
+NEIGHBOUR_FRACTION = 0.9
+"""A neighbour whose corrected prediction is below this share of the best measured is left
+unmeasured: the model rules it out (an oversubscribed step, workers the epoch cannot use)."""
+
+CORRECTION_RANGE = (0.2, 5.0)
+"""A measured/predicted ratio outside this says a trial went wrong, not that the model did."""
+
+SettingKey = tuple[int, int, int, tuple[tuple[str, str], ...]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """A setting to measure next and why: ``corrected`` (the corrected model expects more) or
+    ``neighbour`` (a neighbour of the best measured, not yet tried)."""
+
+    settings: LoaderSettings
+    why: str
+    corrected_samples_per_sec: float
+
+
+def setting_key(settings: LoaderSettings) -> SettingKey:
+    """What the model tells settings apart by: workers, batch, threads and knobs (prefetch and
+    persistence only cost memory or each epoch's starts)."""
+    knobs = tuple(sorted((name, repr(value)) for name, value in settings.knobs.items()))
+    return settings.num_workers, settings.batch, settings.torch_num_threads, knobs
+
+
+def worker_ladder(max_workers: int) -> list[int]:
+    """0, 1, 2, 3, 4, 6, 8, 12, ...: powers of two and the halfway steps between them, up to
+    ``max_workers`` (included): steps of 1.3-1.5x, fine where the rate turns, cheap to climb."""
+    values = {0, max_workers}
+    power = 1
+    while power <= max_workers:
+        values.add(power)
+        if power >= 2 and power * 3 // 2 <= max_workers:
+            values.add(power * 3 // 2)
+        power *= 2
+    return sorted(value for value in values if 0 <= value <= max_workers)
+
+
+def _distance(a: LoaderSettings, b: LoaderSettings) -> float:
+    """Steps apart: along log2 of the workers (+1) and of the batch, one for threads, knobs."""
+    return (
+        abs(math.log2(a.num_workers + 1) - math.log2(b.num_workers + 1))
+        + abs(math.log2(max(1, a.batch)) - math.log2(max(1, b.batch)))
+        + (a.torch_num_threads != b.torch_num_threads)
+        + (dict(a.knobs) != dict(b.knobs))
+    )
+
+
+def _ratios(
+    profile: PipelineProfile, measured: Sequence[tuple[LoaderSettings, float]]
+) -> list[tuple[LoaderSettings, float]]:
+    low, high = CORRECTION_RANGE
+    result = []
+    for settings, value in measured:
+        predicted = predict(profile, settings).samples_per_sec
+        if predicted > 0 and value > 0:
+            result.append((settings, min(high, max(low, value / predicted))))
+    return result
+
+
+def corrected_prediction(
+    profile: PipelineProfile,
+    settings: LoaderSettings,
+    ratios: Sequence[tuple[LoaderSettings, float]],
+) -> float:
+    """The model's samples/sec for ``settings`` times measured/predicted at the nearest
+    measured setting(s) (the median of those equally near); the model alone without any."""
+    predicted = predict(profile, settings).samples_per_sec
+    if not ratios:
+        return predicted
+    distances = [(_distance(settings, other), ratio) for other, ratio in ratios]
+    nearest = min(distance for distance, _ in distances)
+    return predicted * statistics.median(r for d, r in distances if d <= nearest + 1e-9)
+
+
+def _threads(space: SearchSpace) -> list[int]:
+    return list(_fixed_or(space, "torch_num_threads", sorted({1, space.max_threads})))
+
+
+def _grid(space: SearchSpace, knob_sets: Iterable[Mapping[str, Any]]) -> list[LoaderSettings]:
+    """Every ladder worker count, batch value and thread count (1 or all) with each knob set."""
+    workers = _fixed_or(space, "num_workers", worker_ladder(space.max_workers))
+    batches = _fixed_or(space, space.batch_param, space.batch_choices())
+    return [
+        candidate_setting(space, w, b, t, knobs)
+        for knobs in knob_sets
+        for w in workers
+        for b in batches
+        for t in _threads(space)
+    ]
+
+
+def _worker_neighbours(space: SearchSpace, best: LoaderSettings) -> list[LoaderSettings]:
+    """One step from ``best`` along the worker ladder, each way."""
+    if "num_workers" in space.fixed:
+        return []
+    w, b, t, knobs = best.num_workers, best.batch, best.torch_num_threads, dict(best.knobs)
+    ladder = worker_ladder(space.max_workers)
+    below = [value for value in ladder if value < w]
+    above = [value for value in ladder if value > w]
+    return [candidate_setting(space, v, b, t, knobs) for v in (below[-1:] + above[:1])]
+
+
+def _other_neighbours(space: SearchSpace, best: LoaderSettings) -> list[LoaderSettings]:
+    """One step from ``best`` in batch, threads and each knob (see the module docstring)."""
+    w, b, t, knobs = best.num_workers, best.batch, best.torch_num_threads, dict(best.knobs)
+    result = []
+    if space.batch_param not in space.fixed:
+        batches = space.batch_choices()
+        lower = [value for value in batches if value < b]
+        higher = [value for value in batches if value > b]
+        result += [candidate_setting(space, w, v, t, knobs) for v in (lower[-1:] + higher[:1])]
+    result += [candidate_setting(space, w, b, v, knobs) for v in _threads(space) if v != t]
+    for knob, choices in space.workload.knobs.items():
+        if knob not in space.fixed:
+            for choice in choices:
+                if choice != knobs.get(knob):
+                    result.append(candidate_setting(space, w, b, t, {**knobs, knob: choice}))
+    return result
+
+
+def next_setting(
+    profile: PipelineProfile,
+    space: SearchSpace,
+    measured: Sequence[tuple[LoaderSettings, float]],
+    pending: Iterable[LoaderSettings] = (),
+) -> Proposal | None:
+    """The next setting to measure (see the module docstring), or None: the best measured held
+    against every neighbour. ``pending`` are queued or running elsewhere in a fleet: not
+    proposed again."""
+    if not measured:
+        return None
+    tried = {setting_key(s) for s, _ in measured} | {setting_key(s) for s in pending}
+    best, best_value = max(measured, key=lambda pair: pair[1])
+    ratios = _ratios(profile, measured)
+
+    def scored(candidates: Iterable[LoaderSettings]) -> list[tuple[float, LoaderSettings]]:
+        fresh: dict[SettingKey, LoaderSettings] = {}
+        for candidate in candidates:
+            fresh.setdefault(setting_key(candidate), candidate)
+        rated = [
+            (corrected_prediction(profile, c, ratios), c)
+            for key, c in fresh.items()
+            if key not in tried
+        ]
+        # Ties go to the cheaper setting: fewer workers, then the smaller batch.
+        return sorted(rated, key=lambda pair: (-pair[0], pair[1].memory_footprint()))
+
+    knob_sets = [space.base_knobs] + ([dict(best.knobs)] if best.knobs != space.base_knobs else [])
+    top = scored(_grid(space, knob_sets))
+    if top and top[0][0] > IMPROVE_FRACTION * best_value:
+        return Proposal(top[0][1], "corrected", top[0][0])
+    near = scored(_worker_neighbours(space, best)) + [
+        pair
+        for pair in scored(_other_neighbours(space, best))
+        if pair[0] >= NEIGHBOUR_FRACTION * best_value
+    ]
+    if near:
+        return Proposal(near[0][1], "neighbour", near[0][0])
+    return None
