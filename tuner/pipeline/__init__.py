@@ -27,7 +27,7 @@ from tuner.pipeline._profile import (
     store_profile,
     stored_profile,
 )
-from tuner.pipeline._refine import Proposal, next_setting
+from tuner.pipeline._refine import Proposal, next_setting, setting_key, worker_steps
 
 __all__ = [
     "PROFILE_ATTR",
@@ -41,8 +41,10 @@ __all__ = [
     "next_setting",
     "predict",
     "predicted_best",
+    "setting_key",
     "store_profile",
     "stored_profile",
     "worker_range",
+    "worker_steps",
     "workers_needed",
 ]

@@ -41,6 +41,7 @@ __all__ = [
     "next_setting",
     "setting_key",
     "worker_ladder",
+    "worker_steps",
 ]
 
 IMPROVE_FRACTION = 1.03
@@ -141,8 +142,9 @@ def _grid(space: SearchSpace, knob_sets: Iterable[Mapping[str, Any]]) -> list[Lo
     ]
 
 
-def _worker_neighbours(space: SearchSpace, best: LoaderSettings) -> list[LoaderSettings]:
-    """One step from ``best`` along the worker ladder, each way."""
+def worker_steps(space: SearchSpace, best: LoaderSettings) -> list[LoaderSettings]:
+    """One step from ``best`` along the worker ladder, each way: what must be measured before
+    ``best`` can count as the top (the model's level is least sure along the workers)."""
     if "num_workers" in space.fixed:
         return []
     w, b, t, knobs = best.num_workers, best.batch, best.torch_num_threads, dict(best.knobs)
@@ -201,7 +203,7 @@ def next_setting(
     top = scored(_grid(space, knob_sets))
     if top and top[0][0] > IMPROVE_FRACTION * best_value:
         return Proposal(top[0][1], "corrected", top[0][0])
-    near = scored(_worker_neighbours(space, best)) + [
+    near = scored(worker_steps(space, best)) + [
         pair
         for pair in scored(_other_neighbours(space, best))
         if pair[0] >= NEIGHBOUR_FRACTION * best_value

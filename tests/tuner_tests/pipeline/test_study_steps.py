@@ -71,6 +71,11 @@ def test_a_best_near_the_bound_stops_once_re_measured(study: optuna.Study) -> No
     _add(study, 50.0, 0, baseline="pytorch-default")
     _add(study, 97.0, 16, **{MODEL_SEED_ATTR: "predicted-best"})
     model = _model(100.0)
+    # A bound can sit under what the machine delivers: the worker steps each side come first.
+    assert bound_stop_candidate(study, model, SPACE) is None
+    _add(study, 90.0, 12, **{MODEL_SEED_ATTR: "neighbour"})
+    assert bound_stop_candidate(study, model, SPACE) is None
+    _add(study, 91.0, 24, **{MODEL_SEED_ATTR: "neighbour"})
     best = bound_stop_candidate(study, model, SPACE)
     assert best is not None and best.number == 1
     assert bound_stop_message(study, model, SPACE) is None  # not re-measured yet
