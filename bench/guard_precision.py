@@ -49,7 +49,7 @@ from bench._harness import (
     write_json,
 )
 from bench.guard_cost import LEAK_LIMIT_BYTES, reaction
-from tuner._naming import is_memory_reason
+from tuner._naming import is_memory_reason, is_skipped_for_memory
 from tuner.machine._memory import format_bytes
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
@@ -153,10 +153,10 @@ def judge(
         if trial.state == TrialState.COMPLETE:
             counts["complete"] += 1
             continue
-        memory_prune = is_memory_reason(reason) or reason == "memory_wall"
+        memory_prune = is_memory_reason(reason) or is_skipped_for_memory(reason)
         if not memory_prune:
             continue
-        if reason == "memory_wall":
+        if is_skipped_for_memory(reason):
             counts["walled"] += 1
         elif attrs.get("guard_predicted"):
             counts["predicted"] += 1
@@ -245,7 +245,7 @@ def report(name: str, verdicts: Sequence[StudyVerdict], batch_param: str) -> str
         "limit",
         "trials",
         "complete",
-        "pruned: predicted / confirmed / wall",
+        "pruned: predicted / confirmed / wall or model",
         "false alarms",
         "misses",
         "best that fits",

@@ -13,9 +13,11 @@ __all__ = [
     "METRIC_NAME",
     "REMEASURED_ATTR",
     "SETTINGS_ATTR",
+    "SKIPPED_FOR_MEMORY_REASONS",
     "STEP_CPU_ATTR",
     "STEP_RATES_ATTR",
     "is_memory_reason",
+    "is_skipped_for_memory",
     "objective_label",
     "study_name",
 ]
@@ -39,6 +41,10 @@ STEP_CPU_ATTR = "step_cpu_s_per_sample"
 MEMORY_REASONS = ("memory_guard:", "cuda_oom", "host_oom", "shm_full", "trial_killed: SIGKILL")
 """Pruned reasons that mean "this setting does not fit": the wall later trials stay below."""
 
+SKIPPED_FOR_MEMORY_REASONS = ("memory_wall", "memory_model")
+"""Pruned reasons of settings not run because they would not fit: beyond a wall, or the memory
+model's peak over the limit. Unconfirmed, so no wall is built from them."""
+
 
 def objective_label(objective: str) -> str:
     """The objective as it appears in study names: a file path shortened to its file name."""
@@ -55,3 +61,7 @@ def study_name(objective: str, profile: str) -> str:
 
 def is_memory_reason(reason: str | None) -> bool:
     return reason is not None and reason.startswith(MEMORY_REASONS)
+
+
+def is_skipped_for_memory(reason: str | None) -> bool:
+    return reason in SKIPPED_FOR_MEMORY_REASONS

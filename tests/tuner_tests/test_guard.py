@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from tuner.trial._guard import SUSTAINED_S, _Series
+from tuner.trial._guard import SUSTAINED_S, MemoryGuard, _Series, default_limits
 
 MiB = 2**20
 
@@ -41,3 +43,47 @@ def test_restart_forgets_growth_and_keeps_the_peak() -> None:
     readings.restart()
     assert readings.rate_per_s() == 0.0
     assert readings.peak == 300 * MiB
+
+
+LIMIT_MIB = 690
+
+
+def first_breach(points: list[tuple[float, float]]) -> tuple[float, bool] | None:
+    """Replay exact host readings (MiB) through the guard's rules: (reading, predicted) of the
+    first breach under :data:`LIMIT_MIB`, or None."""
+    limits = dataclasses.replace(default_limits(), host_bytes=LIMIT_MIB * MiB)
+    readings = _Series()
+    with MemoryGuard(limits) as guard:
+        for at, value in points:
+            readings.add(at, value * MiB)
+            breach = guard._check("host", value * MiB, readings, limits.host_bytes)
+            if breach is not None:
+                return breach.reading_bytes / MiB, breach.predicted
+    return None
+
+
+def test_a_ramp_that_slows_down_and_holds_below_the_limit_is_not_stopped() -> None:
+    # A first large batch being built: each reading adds less than the one before (80, 70, 55,
+    # 40 MiB ...), then it holds at 88% of the limit. At 505 MiB the slowest recent speed
+    # (275 MiB/s) over the look-ahead would reach 697 MiB, past the limit; the increments
+    # shrinking by 0.875 or faster reach 649 MiB.
+    values = [300, 380, 450, 505, 545, 573, 591, 601, 606, 608] + [608] * 10
+    ramp = [(0.2 * k, value) for k, value in enumerate(values)]
+    assert first_breach(ramp) is None
+    settling = series(ramp[:4])
+    assert settling.sustained_rate_per_s() == pytest.approx(275 * MiB)
+    assert 505 * MiB + settling.growth_within(0.7, 275 * MiB) < LIMIT_MIB * MiB
+    assert LIMIT_MIB < 505 + 275 * 0.7  # the linear projection would have stopped it
+
+
+def test_a_steady_leak_is_stopped_before_the_limit() -> None:
+    leak = [(0.2 * k, 300 + 80 * k) for k in range(10)]
+    breach = first_breach(leak)
+    assert breach is not None
+    reading, predicted = breach
+    assert predicted and reading < LIMIT_MIB
+
+
+def test_a_leak_that_speeds_up_keeps_its_speed() -> None:
+    speeding = series([(0.2 * k, 300 + 10 * k * k) for k in range(6)])
+    assert speeding.growth_within(0.7, 400 * MiB) == pytest.approx(0.7 * 400 * MiB)

@@ -256,6 +256,25 @@ def test_memory_that_ramps_then_holds_completes_under_a_limit_above_its_plateau(
     assert watcher.survivors() == []
 
 
+def test_one_process_whose_memory_slows_down_and_holds_completes_under_a_limit_above_it() -> None:
+    settings = LoaderSettings(batch=8, num_workers=0)
+    job = make_job("settling", settings, window_s=2.5, warmup_s=0.2)
+    unguarded = Supervisor(MemoryGuard(default_limits())).run(job, deadline_s=60.0)
+    assert unguarded.state == "complete", unguarded
+    plateau = unguarded.attrs["peak_host_memory_bytes"]
+    # The plateau at 88% of the limit, as the first large batch of image b512 and text tok32768
+    # held when the guard took their climb for a leak.
+    limit = int(plateau / 0.88)
+    supervisor = Supervisor(MemoryGuard(host_limited(limit)))
+
+    outcome, watcher, _ = run_watched(supervisor, job)
+
+    assert outcome.state == "complete", outcome
+    assert "guard_reading_bytes" not in outcome.attrs
+    assert outcome.attrs["peak_host_memory_bytes"] < limit
+    assert watcher.survivors() == []
+
+
 def test_shm_filling_workload_is_stopped_by_the_shm_limit() -> None:
     usage = shm_usage()
     if usage is None:

@@ -8,7 +8,7 @@ import optuna
 from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.run._runner import measured_twin
+from tuner.run._runner import _answer_from_storage, measured_twin
 from tuner.run._walls import PREDICTED_PEAK_ATTR, RETEST_ATTR, memory_walls, wall_verdict
 from tuner.search._memory_model import MemoryFigures, predicted_peak_bytes
 from tuner.search._settings import LoaderSettings
@@ -112,3 +112,20 @@ def test_a_setting_stopped_twice_on_a_prediction_is_not_run_a_third_time() -> No
     assert twin is not None and twin.number == 1
     assert memory_walls(twice) == []  # and still no wall for the settings around it
     assert measured_twin(twice, setting(2, 128)) is None
+
+
+def test_the_model_prunes_unrun_a_setting_it_puts_over_the_limit_without_a_wall() -> None:
+    over = setting(4, 256, 2)  # 200 + 80 + 256 * 9 * 0.5 MiB = 1432 MiB: over 1000 MiB
+    verdict = wall_verdict(measured(), over, LIMIT)
+    assert verdict.over_limit and verdict.dominated_by is None
+    answered = _answer_from_storage(measured(), over, verdict)
+    assert answered is not None and answered.state == "pruned"
+    assert answered.reason == "memory_model"
+    assert answered.attrs[PREDICTED_PEAK_ATTR] == predicted_peak_bytes(over, FIGURES)
+    pruned = trial(4, over, TrialState.PRUNED, pruned_reason="memory_model")
+    assert memory_walls([*measured(), pruned]) == []  # unconfirmed: no wall
+    fits = setting(2, 64, 2)  # 200 + 40 + 64 * 5 * 0.5 = 400 MiB
+    assert not wall_verdict(measured(), fits, LIMIT).over_limit
+    assert _answer_from_storage(measured(), fits, wall_verdict(measured(), fits, LIMIT)) is None
+    # Without enough measured trials there is no model, and nothing is pruned on it.
+    assert not wall_verdict(measured()[:3], over, LIMIT).over_limit

@@ -1,4 +1,5 @@
-"""Small user-style workloads for the tuner's tests: fast, leaky, ramping, hanging, raising, dying.
+"""Small user-style workloads for the tuner's tests: fast, leaky, ramping, settling, hanging,
+raising, dying.
 
 They are real workloads (real datasets, real DataLoader workers); each misbehaves the way user
 code does in the field, so the supervisor and the guard are tested against the real thing.
@@ -57,6 +58,26 @@ class Leaky(Vectors):
             block[::4096] = b"x" * len(block[::4096])
             self._kept.append(block)
         time.sleep(self.sleep_s)
+        return super().__getitem__(index)
+
+
+class Settling(Vectors):
+    """Keeps a block for each sample, each 1.5% smaller than the last, from 4 MiB down to 64 KiB:
+    memory climbs fast, slows down and holds (about 250 MiB after 2 s), as a first large batch
+    being built in the main process does."""
+
+    def __init__(self) -> None:
+        super().__init__(size=10_000)
+        self._kept: list[bytearray] = []
+        self._block_bytes = 4.0 * 2**20
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self._block_bytes >= 64 * 2**10:
+            block = bytearray(int(self._block_bytes))
+            block[::4096] = b"x" * len(block[::4096])
+            self._kept.append(block)
+            self._block_bytes *= 0.985
+        time.sleep(0.01)
         return super().__getitem__(index)
 
 
@@ -120,6 +141,17 @@ def ramping() -> Workload:
     return Workload(
         name="ramping",
         dataset=Leaky(blocks=24, sleep_s=0.002),
+        step=_sum_step,
+        default_batch_size=8,
+        batch_size_range=(8, 8),
+    )
+
+
+def settling() -> Workload:
+    """Memory that ramps for about 2 s in the main process (no workers), then holds."""
+    return Workload(
+        name="settling",
+        dataset=Settling(),
         step=_sum_step,
         default_batch_size=8,
         batch_size_range=(8, 8),

@@ -4,9 +4,10 @@ A pure function over what a trial recorded (its user attrs: the measurement, the
 summary, the guard's peaks), so a stored trial can be diagnosed again anywhere, and each rule is
 tested on recorded telemetry. The rules, first match wins:
 
-1. ``memory-bound``: pruned for memory (guard, out-of-memory, ``memory_wall``), or a peak at
-   :data:`MEMORY_NEAR_LIMIT_FRACTION` of its limit, or MemAvailable below
-   :data:`LOW_AVAILABLE_FRACTION` of the machine, or swap growing by :data:`SWAP_GROWTH_BYTES`.
+1. ``memory-bound``: pruned for memory (guard, out-of-memory, ``memory_wall``,
+   ``memory_model``), or a peak at :data:`MEMORY_NEAR_LIMIT_FRACTION` of its limit, or
+   MemAvailable below :data:`LOW_AVAILABLE_FRACTION` of the machine, or swap growing by
+   :data:`SWAP_GROWTH_BYTES`.
 2. ``compute-bound``: throughput within 2% of the ceiling, or the loop waits for data less than
    :data:`INPUT_WAIT_FRACTION` of the window: data is ready, the step is the limit.
 3. ``io-bound``: the loop waits for data and iowait is at least :data:`IOWAIT_PERCENT` of the
@@ -84,6 +85,8 @@ def _memory_trouble(
         return f"pruned ({pruned_reason})"
     if pruned_reason == "memory_wall":
         return "at least as large as a setting that did not fit"
+    if pruned_reason == "memory_model":
+        return "the memory model puts its peak over the limit"
     if limits is not None:
         for name, key, limit in (
             ("host memory", "peak_host_memory_bytes", limits.host_bytes),

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from storage import is_connection_error, with_retry
 from tuner._attrs import has_settings, settings_attrs, stored_settings, trial_settings
-from tuner._naming import SETTINGS_ATTR, is_memory_reason
+from tuner._naming import SETTINGS_ATTR, is_memory_reason, is_skipped_for_memory
 from tuner.insight._diagnosis import diagnose
 from tuner.insight._summary import efficiency
 from tuner.machine._gpu import GpuReader
@@ -80,9 +80,12 @@ def measured_twin(
 def _answer_from_storage(
     trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings, walls: WallVerdict
 ) -> TrialOutcome | None:
-    """The outcome of ``settings`` known without running it: beyond a memory wall, or a repeat."""
+    """The outcome of ``settings`` known without running it: beyond a memory wall, over the
+    limit by the memory model, or a repeat."""
     if walls.dominated_by is not None:
         return TrialOutcome("pruned", {"dominated_by": walls.dominated_by}, reason="memory_wall")
+    if walls.over_limit:
+        return TrialOutcome("pruned", _wall_attrs(walls), reason="memory_model")
     twin = measured_twin(trials, settings)
     if twin is None:
         return None
@@ -225,7 +228,9 @@ class TrialRunner:
                 lambda key=key, value=value: trial.set_user_attr(key, value), "recording a trial"
             )
         constraint = (
-            1.0 if is_memory_reason(outcome.reason) or outcome.reason == "memory_wall" else 0.0
+            1.0
+            if is_memory_reason(outcome.reason) or is_skipped_for_memory(outcome.reason)
+            else 0.0
         )
         with_retry(lambda: trial.set_constraint(MEMORY_CONSTRAINT, constraint), "recording a trial")
         if self.artifact_store is not None:

@@ -8,6 +8,13 @@ error to every larger setting. A setting at least as large in every memory drive
 unless the memory model, fitted to the peaks the study has measured, says it fits well below
 the limit; then it runs once as a re-test of that wall (user attr ``retest_of_wall``). A wall
 falls once any setting at least as large completes.
+
+The model also stops a setting no wall stands against: one whose predicted peak is at the limit
+or above is pruned ``memory_model`` without running. The guard would stop it anyway once it came
+within 2% of the limit, but a setting whose workers fork and fill their prefetch queues within
+a fifth of a second can cross the limit between two readings. The margin against a model that
+overestimates: a setting pruned so really holding under 90% of the limit (a false alarm) takes
+an error over 10%. Such a prune makes no wall either.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from tuner.search._memory_model import MemoryFigures, fit_memory_figures, predic
 from tuner.search._settings import LoaderSettings
 
 __all__ = [
+    "MODEL_PRUNE_FRACTION",
     "PREDICTED_PEAK_ATTR",
     "RETEST_ATTR",
     "WallVerdict",
@@ -39,6 +47,9 @@ RETEST_ATTR = "retest_of_wall"
 
 RETEST_BELOW_FRACTION = 0.9
 """The model must put a dominated setting this far below the limit to re-test its wall."""
+
+MODEL_PRUNE_FRACTION = 1.0
+"""The model putting a setting's peak at this share of the limit or above prunes it unrun."""
 
 
 def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, LoaderSettings]]:
@@ -91,6 +102,8 @@ class WallVerdict:
     """The wall that stands against the setting: prune it without running."""
     retest_of: int | None = None
     """The wall the setting re-tests: run it."""
+    over_limit: bool = False
+    """No wall stands against it, but the model puts its peak at the limit: prune it unrun."""
 
 
 def wall_verdict(
@@ -106,4 +119,5 @@ def wall_verdict(
         if fits and wall_number not in retested:
             return WallVerdict(predicted, retest_of=wall_number)
         return WallVerdict(predicted, dominated_by=wall_number)
-    return WallVerdict(predicted)
+    over = predicted is not None and predicted >= MODEL_PRUNE_FRACTION * host_limit_bytes
+    return WallVerdict(predicted, over_limit=over)

@@ -10,9 +10,11 @@ setting did not fit, and the study's memory wall is built from such breaches onl
 a breach is predicted from growth, the reading projected over the next two samples plus the
 time a kill takes, but only on evidence that the growth lasts: an exact reading already within
 10% of the limit, or growth at every exact reading for 0.6 s within one unchanged process tree,
-projected at the slowest of its last three intervals. The startup ramp (workers forking, their
-first pages and batches) grows fast and stops by itself; extrapolating it pruned settings at
-half their limit.
+projected at the slowest of its last three intervals, or, where those three intervals each grew
+more slowly than the one before (a first large batch nearly built), by the shrinking increments
+they continue, which stop at an asymptote. The startup ramp (workers forking, their first pages
+and batches) grows fast and stops by itself; extrapolating it pruned settings at half their
+limit.
 
 What it reads, and what that costs. ``host`` is the trial's process tree by PSS (pages shared
 after fork counted once), exact but milliseconds per process, so it is read only when it can
@@ -201,9 +203,35 @@ class _Series:
         rising = points[-run:]
         if len(rising) < SUSTAINED_READINGS or rising[-1][0] - rising[0][0] < SUSTAINED_S:
             return None
-        recent = rising[-SUSTAINED_READINGS:]
-        speeds = [(v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in itertools.pairwise(recent)]
-        return min(speeds)
+        return min(_speeds(rising[-SUSTAINED_READINGS:]))
+
+    def growth_within(self, horizon_s: float, speed_per_s: float) -> float:
+        """How much the reading will grow over ``horizon_s``: ``speed_per_s`` kept, unless the
+        growth is settling.
+
+        Settling: each of the last three intervals rose more slowly than the one before, as a
+        first large batch does once it is nearly built. Its increments are taken to go on
+        shrinking by the larger of their two latest ratios r, so it grows by at most its last
+        increment d times r + r**2 + ... over the horizon's intervals, below its asymptote
+        d * r / (1 - r). A leak, steady or speeding up, keeps its speed.
+        """
+        recent = list(self._points)[-SUSTAINED_READINGS:]
+        speeds = _speeds(recent)
+        linear = speed_per_s * horizon_s
+        if len(speeds) < SUSTAINED_READINGS - 1 or not all(
+            0 < later < earlier for earlier, later in itertools.pairwise(speeds)
+        ):
+            return linear
+        ratio = max(later / earlier for earlier, later in itertools.pairwise(speeds))
+        interval_s = recent[-1][0] - recent[-2][0]
+        increment = speeds[-1] * interval_s
+        steps = horizon_s / interval_s
+        return min(linear, increment * ratio * (1 - ratio**steps) / (1 - ratio))
+
+
+def _speeds(points: list[tuple[float, float]]) -> list[float]:
+    """The growth per second of each interval between successive ``(at, value)`` points."""
+    return [(v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in itertools.pairwise(points) if t1 > t0]
 
 
 class MemoryGuard:
@@ -365,11 +393,13 @@ class MemoryGuard:
             return None
         if value >= APPROACH_FRACTION * limit:
             return Breach(kind, value, limit, predicted=False)
+        # Within 10% of the limit, growth is projected as it is: no room is left to be wrong.
         near = value >= CONFIRM_FRACTION * limit
         if near and value + series.rate_per_s() * self._lookahead_s >= limit:
             return Breach(kind, value, limit, predicted=True)
         lasting = series.sustained_rate_per_s()
-        if lasting is not None and value + lasting * self._lookahead_s >= limit:
+        ahead_s = self._lookahead_s
+        if lasting is not None and value + series.growth_within(ahead_s, lasting) >= limit:
             return Breach(kind, value, limit, predicted=True)
         return None
 
