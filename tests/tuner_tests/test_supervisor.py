@@ -236,43 +236,41 @@ def test_leaky_workload_is_stopped_before_the_host_limit() -> None:
     assert watcher.survivors() == []
 
 
-def test_memory_that_ramps_then_holds_completes_under_a_limit_above_its_plateau() -> None:
-    settings = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2)
-    job = make_job("ramping", settings, window_s=2.0, warmup_s=0.2)
+def _unguarded_peak(job: Job) -> int:
+    """The host peak of ``job`` run to the end under the machine's own limits."""
     unguarded = Supervisor(MemoryGuard(default_limits())).run(job, deadline_s=60.0)
     assert unguarded.state == "complete", unguarded
-    plateau = unguarded.attrs["peak_host_memory_bytes"]
-    assert plateau > 192 * MiB  # the two workers' 96 MiB each, at least
-    # Half again the plateau: the climb from the workers' start, extrapolated over the guard's
-    # look-ahead as the guard did before it waited for growth that lasts, crosses it.
-    limit = int(1.5 * plateau)
-    supervisor = Supervisor(MemoryGuard(host_limited(limit)))
+    return unguarded.attrs["peak_host_memory_bytes"]
 
-    outcome, watcher, _ = run_watched(supervisor, job)
 
+def _completes_unstopped(job: Job, limit: int) -> None:
+    """``job`` runs to the end under a host limit of ``limit``: never stopped, no survivors."""
+    outcome, watcher, _ = run_watched(Supervisor(MemoryGuard(host_limited(limit))), job)
     assert outcome.state == "complete", outcome
     assert "guard_reading_bytes" not in outcome.attrs
     assert outcome.attrs["peak_host_memory_bytes"] < limit
     assert watcher.survivors() == []
+
+
+def test_memory_that_ramps_then_holds_completes_under_a_limit_above_its_plateau() -> None:
+    settings = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2)
+    job = make_job("ramping", settings, window_s=2.0, warmup_s=0.2)
+    plateau = _unguarded_peak(job)
+    assert plateau > 192 * MiB  # the two workers' 96 MiB each, at least
+    # Half again the plateau: the climb from the workers' start, extrapolated over the guard's
+    # look-ahead as the guard did before it waited for growth that lasts, crosses it.
+    limit = int(1.5 * plateau)
+    _completes_unstopped(job, limit)
 
 
 def test_one_process_whose_memory_slows_down_and_holds_completes_under_a_limit_above_it() -> None:
     settings = LoaderSettings(batch=8, num_workers=0)
     job = make_job("settling", settings, window_s=2.5, warmup_s=0.2)
-    unguarded = Supervisor(MemoryGuard(default_limits())).run(job, deadline_s=60.0)
-    assert unguarded.state == "complete", unguarded
-    plateau = unguarded.attrs["peak_host_memory_bytes"]
+    plateau = _unguarded_peak(job)
     # The plateau at 88% of the limit, as the first large batch of image b512 and text tok32768
     # held when the guard took their climb for a leak.
     limit = int(plateau / 0.88)
-    supervisor = Supervisor(MemoryGuard(host_limited(limit)))
-
-    outcome, watcher, _ = run_watched(supervisor, job)
-
-    assert outcome.state == "complete", outcome
-    assert "guard_reading_bytes" not in outcome.attrs
-    assert outcome.attrs["peak_host_memory_bytes"] < limit
-    assert watcher.survivors() == []
+    _completes_unstopped(job, limit)
 
 
 def test_shm_filling_workload_is_stopped_by_the_shm_limit() -> None:

@@ -126,50 +126,41 @@ def slow() -> Workload:
     )
 
 
-def leaky() -> Workload:
+def _one_batch_size(name: str, dataset: Dataset, batch: int = 8) -> Workload:
+    """A workload that runs at one batch size: what it tests is the process, not the search."""
     return Workload(
-        name="leaky",
-        dataset=Leaky(),
+        name=name,
+        dataset=dataset,
         step=_sum_step,
-        default_batch_size=16,
-        batch_size_range=(16, 16),
+        default_batch_size=batch,
+        batch_size_range=(batch, batch),
     )
+
+
+def leaky() -> Workload:
+    return _one_batch_size("leaky", Leaky(), batch=16)
 
 
 def ramping() -> Workload:
     """96 MiB kept per worker, in its first 24 samples."""
-    return Workload(
-        name="ramping",
-        dataset=Leaky(blocks=24, sleep_s=0.002),
-        step=_sum_step,
-        default_batch_size=8,
-        batch_size_range=(8, 8),
-    )
+    return _one_batch_size("ramping", Leaky(blocks=24, sleep_s=0.002))
 
 
 def settling() -> Workload:
     """Memory that ramps for about 2 s in the main process (no workers), then holds."""
-    return Workload(
-        name="settling",
-        dataset=Settling(),
-        step=_sum_step,
-        default_batch_size=8,
-        batch_size_range=(8, 8),
-    )
+    return _one_batch_size("settling", Settling())
 
 
 def hanging() -> Workload:
-    return Workload(name="hanging", dataset=Hanging(), step=_sum_step, batch_size_range=(8, 8))
+    return _one_batch_size("hanging", Hanging())
 
 
 def raising() -> Workload:
-    return Workload(name="raising", dataset=Raising(), step=_sum_step, batch_size_range=(8, 8))
+    return _one_batch_size("raising", Raising())
 
 
 def self_killing() -> Workload:
-    return Workload(
-        name="self_killing", dataset=SelfKilling(), step=_sum_step, batch_size_range=(8, 8)
-    )
+    return _one_batch_size("self_killing", SelfKilling())
 
 
 SHM_FILE_PREFIX = "tuner-tests-shm-fill-"
