@@ -49,7 +49,7 @@ from bench._harness import (
     write_json,
 )
 from bench.guard_cost import LEAK_LIMIT_BYTES, reaction
-from tuner._naming import is_memory_reason, is_skipped_for_memory
+from tuner._naming import is_memory_prune, is_skipped_for_memory
 from tuner.machine._memory import format_bytes
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
@@ -153,8 +153,7 @@ def judge(
         if trial.state == TrialState.COMPLETE:
             counts["complete"] += 1
             continue
-        memory_prune = is_memory_reason(reason) or is_skipped_for_memory(reason)
-        if not memory_prune:
+        if not is_memory_prune(reason):
             continue
         if is_skipped_for_memory(reason):
             counts["walled"] += 1

@@ -16,6 +16,7 @@ __all__ = [
     "SKIPPED_FOR_MEMORY_REASONS",
     "STEP_CPU_ATTR",
     "STEP_RATES_ATTR",
+    "is_memory_prune",
     "is_memory_reason",
     "is_skipped_for_memory",
     "objective_label",
@@ -65,3 +66,8 @@ def is_memory_reason(reason: str | None) -> bool:
 
 def is_skipped_for_memory(reason: str | None) -> bool:
     return reason in SKIPPED_FOR_MEMORY_REASONS
+
+
+def is_memory_prune(reason: str | None) -> bool:
+    """Pruned for memory at all: a breach or an out-of-memory death, or not run as one."""
+    return is_memory_reason(reason) or is_skipped_for_memory(reason)

@@ -189,16 +189,13 @@ def bound_stop_candidate(
     best = best_trial(study)
     if best is None:
         return None
+    measured, other = _measurements(study)
     if trial_throughput(best, remeasured(study)) >= BOUND_STOP_FRACTION * model.bound:
-        tried = {
-            setting_key(trial_settings(t))
-            for t in study.get_trials(deepcopy=False)
-            if has_settings(t)
-        }
+        tried = {setting_key(s) for s, _ in measured} | {setting_key(s) for s in other}
         steps = worker_steps(space, trial_settings(best))
         if all(setting_key(step) in tried for step in steps):
             return best
-    return best if _proposal(study, space, model) is None else None
+    return best if next_setting(model.profile, space, measured, other) is None else None
 
 
 def bound_stop_message(study: optuna.Study, model: PipelineModel, space: SearchSpace) -> str | None:

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from storage import is_connection_error, with_retry
 from tuner._attrs import has_settings, settings_attrs, stored_settings, trial_settings
-from tuner._naming import SETTINGS_ATTR, is_memory_reason, is_skipped_for_memory
+from tuner._naming import SETTINGS_ATTR, is_memory_prune
 from tuner.insight._diagnosis import diagnose
 from tuner.insight._summary import efficiency
 from tuner.machine._gpu import GpuReader
@@ -227,11 +227,7 @@ class TrialRunner:
             with_retry(
                 lambda key=key, value=value: trial.set_user_attr(key, value), "recording a trial"
             )
-        constraint = (
-            1.0
-            if is_memory_reason(outcome.reason) or is_skipped_for_memory(outcome.reason)
-            else 0.0
-        )
+        constraint = 1.0 if is_memory_prune(outcome.reason) else 0.0
         with_retry(lambda: trial.set_constraint(MEMORY_CONSTRAINT, constraint), "recording a trial")
         if self.artifact_store is not None:
             # Artifacts hang off trial system attrs, which Optuna refuses once a trial is told.
