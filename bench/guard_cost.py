@@ -4,8 +4,12 @@
 
 Cost: the same setting of the built-in image workload measured through the real
 :class:`~tuner.trial._supervisor.Supervisor` with the guard sampling every 0.2 s (A) and with a
-3600 s interval (B: one sample at the start, then none), interleaved A B A B so drift in the
-machine's speed hits both alike. Goal: the median of A within 1% of B's.
+3600 s interval (B: one sample at the start, then none), interleaved A B B A A B ... so drift in
+the machine's speed hits both alike and neither always goes first. Reported: the ratio of the
+arms' medians, the median of the rounds' own A/B ratios with a bootstrap 90% interval (a cost
+smaller than that interval is not measured either way), and the guard's own time: its ticks'
+seconds over arm A's trials' seconds and the machine's cores, the most of the machine's CPU it
+can have taken. Goal: the median of A within 1% of B's.
 
 Reaction: the leaky test workload (each worker keeps 64 MiB more per batch) under a 1.5 GiB host
 limit. Per run: ``kill_seconds`` (first signal until the supervisor has seen the tree gone and
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import random
 import statistics
 import sys
 import threading
@@ -145,10 +150,17 @@ class GoneWatcher:
         self._thread.join()
 
 
-def cost(
-    rounds: int, window_s: float, interval_s: float
-) -> tuple[dict[str, list[float]], RecordingGuard]:
-    """samples/s per round with the guard sampling (A) and without (B), interleaved."""
+@dataclasses.dataclass
+class CostRun:
+    """Per arm, samples/s per round (in round order); the sampling guard; arm A's seconds."""
+
+    results: dict[str, list[float]]
+    sampling: RecordingGuard
+    guarded_s: float
+
+
+def cost(rounds: int, window_s: float, interval_s: float) -> CostRun:
+    """samples/s per round with the guard sampling (A) and without (B), interleaved ABBA."""
     limits = default_limits()
     sampling = RecordingGuard(limits, interval_s=interval_s)
     arms = {
@@ -160,13 +172,29 @@ def cost(
     next(iter(arms.values())).run(trial, deadline_s)  # forkserver start and JPEG cache: unmeasured
     sampling.samples, sampling.exact_samples, sampling.sample_seconds = 0, 0, 0.0
     results: dict[str, list[float]] = {name: [] for name in arms}
-    for _ in range(rounds):
-        for name, supervisor in arms.items():
+    guarded_name = next(iter(arms))
+    guarded_s = 0.0
+    for number in range(rounds):
+        order = list(arms.items()) if number % 2 == 0 else list(reversed(arms.items()))
+        for name, supervisor in order:
+            started = time.perf_counter()
             outcome = supervisor.run(trial, deadline_s)
+            if name == guarded_name:
+                guarded_s += time.perf_counter() - started
             if outcome.state != "complete":
                 raise SystemExit(f"{name}: the trial did not complete: {outcome}")
             results[name].append(float(outcome.attrs["samples_per_sec"]))
-    return results, sampling
+    return CostRun(results, sampling, guarded_s)
+
+
+def paired_ratio(
+    guarded: Sequence[float], unguarded: Sequence[float]
+) -> tuple[float, float, float]:
+    """The median of the rounds' A/B ratios and a bootstrap 90% interval of that median."""
+    ratios = [a / b for a, b in zip(guarded, unguarded, strict=True)]
+    draw = random.Random(0)
+    medians = sorted(statistics.median(draw.choices(ratios, k=len(ratios))) for _ in range(2000))
+    return statistics.median(ratios), medians[len(medians) // 20], medians[-len(medians) // 20]
 
 
 @dataclasses.dataclass
@@ -226,7 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"cost: {COST_OBJECTIVE} {COST_OPTIONS}, {COST_SETTINGS.dataloader_kwargs()}")
     print(f"      {args.rounds} interleaved rounds of {args.window:g} s windows", flush=True)
-    results, sampling = cost(args.rounds, args.window, args.interval)
+    run = cost(args.rounds, args.window, args.interval)
+    results, sampling = run.results, run.sampling
     rows = []
     for name, values in results.items():
         rows.append(
@@ -238,16 +267,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             ]
         )
     print(_table(["arm", "median samples/s", "min", "max"], rows))
-    guarded, unguarded = (statistics.median(values) for values in results.values())
-    ratio = guarded / unguarded
+    guarded, unguarded = results.values()
+    ratio = statistics.median(guarded) / statistics.median(unguarded)
     verdict = "ok" if ratio >= 0.99 else "over 1%"
-    print(f"ratio guarded/unguarded: {ratio:.4f} (cost {100 * (1 - ratio):+.2f}%; {verdict})")
+    print(
+        f"ratio of medians guarded/unguarded: {ratio:.4f}"
+        f" (cost {100 * (1 - ratio):+.2f}%; {verdict})"
+    )
+    paired, low, high = paired_ratio(guarded, unguarded)
+    print(
+        f"median of the rounds' ratios: {paired:.4f} (cost {100 * (1 - paired):+.2f}%),"
+        f" 90% interval {low:.4f}-{high:.4f}"
+    )
     if sampling.samples:
         mean_s = sampling.sample_seconds / sampling.samples
+        cores = os.cpu_count() or 1
+        share = sampling.sample_seconds / (run.guarded_s * cores) if run.guarded_s else 0.0
         print(
             f"guard tick (tree + sample): {sampling.samples} ticks, {1000 * mean_s:.2f} ms each,"
             f" {100 * mean_s / args.interval:.1f}% of one core at {args.interval:g} s"
-            f" ({os.cpu_count()} cores here); PSS read exactly at {sampling.exact_samples}\n"
+            f" ({cores} cores here); PSS read exactly at {sampling.exact_samples}"
+        )
+        print(
+            f"guard time: {sampling.sample_seconds:.2f} s over {run.guarded_s:.1f} s of guarded"
+            f" trials, {100 * share:.2f}% of the machine's CPU at most\n"
         )
 
     print(

@@ -6,7 +6,13 @@ import dataclasses
 
 import pytest
 
-from tuner.trial._guard import SUSTAINED_S, MemoryGuard, _Series, default_limits
+from tuner.trial._guard import (
+    FAST_INTERVAL_S,
+    SUSTAINED_S,
+    MemoryGuard,
+    _Series,
+    default_limits,
+)
 
 MiB = 2**20
 
@@ -87,3 +93,16 @@ def test_a_steady_leak_is_stopped_before_the_limit() -> None:
 def test_a_leak_that_speeds_up_keeps_its_speed() -> None:
     speeding = series([(0.2 * k, 300 + 10 * k * k) for k in range(6)])
     assert speeding.growth_within(0.7, 400 * MiB) == pytest.approx(0.7 * 400 * MiB)
+
+
+def test_the_guard_samples_faster_only_while_the_tree_moves_near_its_limit() -> None:
+    limits = dataclasses.replace(default_limits(), host_bytes=1000 * MiB)
+    with MemoryGuard(limits) as guard:
+        for mib in (500, 600):  # moving, but far from the limit
+            guard._pace(mib * MiB, mib * MiB)
+        assert guard.next_interval_s() == guard.interval_s
+        guard._pace(870 * MiB, 870 * MiB)  # moving within 15% of it
+        assert guard.next_interval_s() == FAST_INTERVAL_S < guard.interval_s
+        assert guard._lookahead_s() < 2 * guard.interval_s + guard._kill_time_s
+        guard._pace(871 * MiB, 871 * MiB)  # near, at rest: an exact reading a tick costs
+        assert guard.next_interval_s() == guard.interval_s

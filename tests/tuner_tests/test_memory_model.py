@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tuner.search._memory_model import MemoryFigures, fit_memory_figures, predicted_peak_bytes
@@ -11,12 +13,15 @@ MiB = 2**20
 FIGURES = MemoryFigures(main_bytes=200 * MiB, worker_bytes=30 * MiB, sample_bytes=0.15 * MiB)
 
 
-def setting(workers: int, batch: int, prefetch: int = 2, pin: bool = False) -> LoaderSettings:
+def setting(
+    workers: int, batch: int, prefetch: int = 2, pin: bool = False, collate: str | None = None
+) -> LoaderSettings:
     return LoaderSettings(
         batch=batch,
         num_workers=workers,
         prefetch_factor=prefetch if workers else None,
         pin_memory=pin,
+        knobs={"collate": collate} if collate else {},
     )
 
 
@@ -57,3 +62,25 @@ def test_fit_needs_settings_that_separate_the_terms() -> None:
 def test_fit_that_makes_samples_free_is_refused() -> None:
     flat = [(setting(w, b), 300.0 * MiB) for w, b in ((0, 16), (1, 64), (2, 256), (4, 16))]
     assert fit_memory_figures(flat) is None
+
+
+def test_a_pooled_fit_shares_main_and_worker_and_gives_each_knob_value_its_sample() -> None:
+    uint8 = dataclasses.replace(FIGURES, sample_bytes=FIGURES.sample_bytes / 4)
+    observed = [
+        (0, 32, "float"),
+        (2, 64, "float"),
+        (1, 16, "uint8"),
+        (2, 128, "uint8"),
+        (4, 32, "uint8"),
+    ]
+    observations = [
+        (s, float(predicted_peak_bytes(s, FIGURES if s.knobs["collate"] == "float" else uint8)))
+        for s in (setting(w, b, collate=c) for w, b, c in observed)
+    ]
+    # Two or three observations per knob value: a fit of three figures per value needs four.
+    fitted = fit_memory_figures(observations, {"collate": "uint8"})
+    assert fitted is not None
+    assert fitted.main_bytes == pytest.approx(FIGURES.main_bytes, rel=1e-6)
+    assert fitted.worker_bytes == pytest.approx(FIGURES.worker_bytes, rel=1e-6)
+    assert fitted.sample_bytes == pytest.approx(uint8.sample_bytes, rel=1e-6)
+    assert fit_memory_figures(observations, {"collate": "half"}) is None  # never measured

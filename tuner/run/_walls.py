@@ -80,17 +80,15 @@ def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, Load
 def memory_figures(
     trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings
 ) -> MemoryFigures | None:
-    """The model's figures fitted to the complete trials with ``settings``' knobs."""
+    """The model's figures for ``settings``' knobs, fitted to the complete trials (all knobs)."""
     observations = []
     for trial in trials:
         attrs = trial.user_attrs
         peak = attrs.get("peak_host_memory_bytes")
         if trial.state != TrialState.COMPLETE or peak is None or "repeat_of" in attrs:
             continue
-        measured = trial_settings(trial)
-        if measured.knobs == settings.knobs:
-            observations.append((measured, float(peak)))
-    return fit_memory_figures(observations)
+        observations.append((trial_settings(trial), float(peak)))
+    return fit_memory_figures(observations, settings.knobs)
 
 
 @dataclasses.dataclass(frozen=True)

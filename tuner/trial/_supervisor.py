@@ -196,7 +196,7 @@ class Supervisor:
                 breach = self.guard.check(self.guard.sample(tree))
                 if telemetry is not None:
                     telemetry.sample(now)
-                next_sample = now + self.guard.interval_s
+                next_sample = now + self.guard.next_interval_s()
                 if breach is not None:
                     return self._stop(pid, known, breach=breach)
             if now >= deadline:
