@@ -43,14 +43,16 @@ def test_a_larger_setting_never_needs_less() -> None:
 
 
 def test_fit_recovers_the_figures_it_is_given() -> None:
-    grid = [setting(w, b, p) for w in (0, 1, 2, 4) for b in (16, 64, 256) for p in (2, 4)]
-    grid = [s for s in grid if s.num_workers or s.prefetch_factor is None]
+    grid = [setting(w, b) for w, b in ((0, 16), (0, 256), (1, 64), (2, 16), (4, 256))]
+    grid += [setting(2, 64, 4), setting(4, 16, 8)]
     observations = [(s, float(predicted_peak_bytes(s, FIGURES))) for s in grid]
     fitted = fit_memory_figures(observations)
     assert fitted is not None
     assert fitted.main_bytes == pytest.approx(FIGURES.main_bytes, rel=1e-6)
     assert fitted.worker_bytes == pytest.approx(FIGURES.worker_bytes, rel=1e-6)
     assert fitted.sample_bytes == pytest.approx(FIGURES.sample_bytes, rel=1e-6)
+    assert fitted.step_sample_bytes == pytest.approx(FIGURES.sample_bytes, rel=1e-6)
+    assert fitted.max_in_flight == 32  # four workers, prefetch 8
 
 
 def test_fit_needs_settings_that_separate_the_terms() -> None:
@@ -61,26 +63,39 @@ def test_fit_needs_settings_that_separate_the_terms() -> None:
 
 def test_fit_that_makes_samples_free_is_refused() -> None:
     flat = [(setting(w, b), 300.0 * MiB) for w, b in ((0, 16), (1, 64), (2, 256), (4, 16))]
+    flat.append((setting(2, 64, 4), 300.0 * MiB))
     assert fit_memory_figures(flat) is None
 
 
-def test_a_pooled_fit_shares_main_and_worker_and_gives_each_knob_value_its_sample() -> None:
-    uint8 = dataclasses.replace(FIGURES, sample_bytes=FIGURES.sample_bytes / 4)
+def test_the_queue_is_counted_no_deeper_than_the_deepest_measured() -> None:
+    capped = dataclasses.replace(FIGURES, max_in_flight=4)
+    deep = setting(1, 64, prefetch=8)
+    assert predicted_peak_bytes(deep, capped) == predicted_peak_bytes(setting(1, 64, 4), FIGURES)
+    assert predicted_peak_bytes(deep, capped) < predicted_peak_bytes(deep, FIGURES)
+
+
+def test_a_pooled_fit_shares_main_worker_and_step_and_gives_each_knob_value_its_sample() -> None:
+    # The step holds what the model makes of a batch, whatever the collate handed it.
+    uint8 = dataclasses.replace(
+        FIGURES, sample_bytes=FIGURES.sample_bytes / 4, step_sample_bytes=FIGURES.sample_bytes
+    )
     observed = [
-        (0, 32, "float"),
-        (2, 64, "float"),
-        (1, 16, "uint8"),
-        (2, 128, "uint8"),
-        (4, 32, "uint8"),
+        (0, 32, 2, "float"),
+        (2, 64, 2, "float"),
+        (0, 16, 2, "uint8"),
+        (1, 16, 2, "uint8"),
+        (2, 128, 4, "uint8"),
+        (4, 32, 2, "uint8"),
     ]
     observations = [
         (s, float(predicted_peak_bytes(s, FIGURES if s.knobs["collate"] == "float" else uint8)))
-        for s in (setting(w, b, collate=c) for w, b, c in observed)
+        for s in (setting(w, b, p, collate=c) for w, b, p, c in observed)
     ]
-    # Two or three observations per knob value: a fit of three figures per value needs four.
+    # Two to four observations per knob value: a fit of four figures per value needs five.
     fitted = fit_memory_figures(observations, {"collate": "uint8"})
     assert fitted is not None
     assert fitted.main_bytes == pytest.approx(FIGURES.main_bytes, rel=1e-6)
     assert fitted.worker_bytes == pytest.approx(FIGURES.worker_bytes, rel=1e-6)
+    assert fitted.step_sample_bytes == pytest.approx(FIGURES.sample_bytes, rel=1e-6)
     assert fitted.sample_bytes == pytest.approx(uint8.sample_bytes, rel=1e-6)
     assert fit_memory_figures(observations, {"collate": "half"}) is None  # never measured

@@ -78,7 +78,7 @@ def test_dominated_setting_is_pruned_without_a_model() -> None:
 
 
 def measured() -> list[FrozenTrial]:
-    grid = [setting(0, 16), setting(1, 32), setting(2, 16, 4), setting(1, 64, 4)]
+    grid = [setting(0, 16), setting(1, 32), setting(2, 16, 4), setting(1, 64, 4), setting(0, 64)]
     return [complete(number, settings) for number, settings in enumerate(grid)]
 
 

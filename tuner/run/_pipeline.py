@@ -198,9 +198,15 @@ def bound_stop_candidate(
     return best if next_setting(model.profile, space, measured, other) is None else None
 
 
-def bound_stop_message(study: optuna.Study, model: PipelineModel, space: SearchSpace) -> str | None:
-    """Why the study stops now (its candidate re-measured), or None."""
-    best = bound_stop_candidate(study, model, space)
+def bound_stop_message(
+    study: optuna.Study,
+    model: PipelineModel,
+    space: SearchSpace,
+    candidate: optuna.trial.FrozenTrial | None = None,
+) -> str | None:
+    """Why the study stops now (its candidate re-measured), or None. ``candidate`` is
+    :func:`bound_stop_candidate`'s answer where the caller has it for the study as it stands."""
+    best = candidate if candidate is not None else bound_stop_candidate(study, model, space)
     medians = remeasured(study)
     if best is None or best.number not in medians:
         return None

@@ -301,10 +301,15 @@ def _stop_near_bound(study: optuna.Study, runner: TrialRunner, config: StudyConf
     candidate = with_retry(
         lambda: _pipeline.bound_stop_candidate(study, model, space), "reading the best"
     )
-    if candidate is not None and candidate.number not in remeasured(study):
+    if candidate is None:
+        return None
+    if candidate.number not in remeasured(study):
         rounds = max(2, config.remeasure_rounds)
         remeasure(study, runner, [candidate], rounds, config.storage, sys.stderr, False)
-    return with_retry(lambda: _pipeline.bound_stop_message(study, model, space), "reading the best")
+        candidate = None  # its re-measured median may leave another trial the best: ask again
+    return with_retry(
+        lambda: _pipeline.bound_stop_message(study, model, space, candidate), "reading the best"
+    )
 
 
 def _grown(

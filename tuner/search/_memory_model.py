@@ -1,21 +1,28 @@
 """A model of a setting's host memory: what a trial will hold before it runs.
 
-    peak = main + workers x worker + batch x sample x (batches in flight + 1) [+ pinned copies]
+    peak = main + workers x worker + batch x step + batch x batches in flight x sample
 
 where the batches in flight are ``num_workers x prefetch_factor`` (each worker's prefetched
-batches, in shared memory), the one more is the batch in the training step, and with
-``pin_memory`` each batch in flight has a page-locked copy as well. The figures
-(:class:`MemoryFigures`: the main process with its model, each worker's own memory, one collated
-sample) are inputs: :func:`fit_memory_figures` fits them to the peaks the study's trials
-measured, pooling trials of every knob value (the main process and a worker cost the same
-whatever the knobs; a sample's bytes are the knobs' own: a uint8 collate holds a quarter of a
+batches, in shared memory), twice that with ``pin_memory`` (each has a page-locked copy). The
+figures (:class:`MemoryFigures`) are the main process with its model, each worker's own memory,
+the step's memory per sample of its batch (the batch and the activations), and one prefetched
+sample; :func:`fit_memory_figures` fits them to the peaks the study's trials measured, pooling
+trials of every knob value: the main process, a worker and the step cost the same whatever the
+knobs, a prefetched sample's bytes are the knobs' own (a uint8 collate holds a quarter of a
 float one), so a study has figures after a handful of trials, not a handful per knob value.
-Pure functions, no machine access.
+
+Batches in flight are counted up to the deepest queue among the settings measured
+(``max_in_flight``), no further: a queue fills only where the step is slower than the workers,
+which a producer-bound pipeline never is, and a queue filling is seen by the guard batch by
+batch. Extrapolating the queue put settings holding 84-87% of the limit above it (image, 1
+worker, prefetch 5-8). Workers and batch size are extrapolated: workers forking and a first
+large batch cross a limit faster than the guard reads. Pure functions, no machine access.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,7 +36,7 @@ SPARE_OBSERVATIONS = 1
 """Observations beyond the figures fitted: as many as figures would fit anything exactly."""
 
 MIN_SAMPLE_BYTES = 1.0
-"""A fitted cost per prefetched sample below this is no cost: the fit is refused."""
+"""A fitted cost per sample in the step below this is no cost: the fit is refused."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,21 +46,27 @@ class MemoryFigures:
     main_bytes: float
     worker_bytes: float
     sample_bytes: float
+    """One prefetched sample (in shared memory, collated)."""
+    step_sample_bytes: float | None = None
+    """One sample of the batch in the step, activations included; None: ``sample_bytes``."""
+    max_in_flight: float = math.inf
+    """Batches in flight are counted up to this many (the deepest queue measured)."""
 
 
-def _drivers(settings: LoaderSettings) -> tuple[float, float, float]:
-    """(1, workers, samples held) for ``settings``: the model's terms before the figures."""
-    in_flight = settings.num_workers * (settings.prefetch_factor or 0)
+def _in_flight(settings: LoaderSettings) -> float:
+    """Batches in flight: prefetched by the workers, and their pinned copies."""
     copies = 2 if settings.pin_memory else 1
-    held = settings.batch * (in_flight * copies + 1)
-    return 1.0, float(settings.num_workers), float(held)
+    return float(settings.num_workers * (settings.prefetch_factor or 0) * copies)
 
 
 def predicted_peak_bytes(settings: LoaderSettings, figures: MemoryFigures) -> int:
     """The model's peak of the trial's process tree (PSS) for ``settings``."""
-    one, workers, held = _drivers(settings)
+    step = figures.sample_bytes if figures.step_sample_bytes is None else figures.step_sample_bytes
+    in_flight = min(_in_flight(settings), figures.max_in_flight)
     return round(
-        one * figures.main_bytes + workers * figures.worker_bytes + held * figures.sample_bytes
+        figures.main_bytes
+        + settings.num_workers * figures.worker_bytes
+        + settings.batch * (step + in_flight * figures.sample_bytes)
     )
 
 
@@ -67,35 +80,44 @@ def fit_memory_figures(
 ) -> MemoryFigures | None:
     """Least-squares figures from measured ``(settings, peak bytes)``, or None without enough.
 
-    With ``knobs``, the observations may hold any knob values: one main and one worker figure
-    are fitted to all, a sample figure to each knob value, and the figures returned are
-    ``knobs``' (None where no observation has them). Without, all are taken as one knob value.
+    With ``knobs``, the observations may hold any knob values: one main, worker and step
+    figure are fitted to all, a prefetched-sample figure to each knob value, and the figures
+    returned are ``knobs``' (None where no setting measured with them prefetched). Without, all
+    are taken as one knob value.
     None too where the measured settings do not separate the terms (all one worker count, say)
-    or the fit says the main process or a sample costs nothing or less: that model would let
-    any setting fit. A negative worker figure is taken as none (forked workers share nearly
-    all their pages, so their own memory is within the noise).
+    or the fit says the main process or the step costs nothing, or a sample less than nothing:
+    that model would let any setting fit. A negative worker figure is taken as none (forked
+    workers share nearly all their pages, so their own memory is within the noise).
     """
     keys = [_knobs_key(s.knobs) if knobs is not None else () for s, _ in observations]
     wanted = _knobs_key(knobs) if knobs is not None else ()
-    groups = sorted(set(keys))
-    if wanted not in groups:
+    deepest = max((_in_flight(settings) for settings, _ in observations), default=0.0)
+    # Knob values none of whose settings prefetched have no sample column: nothing to fit.
+    groups = sorted(
+        {key for (settings, _), key in zip(observations, keys, strict=True) if _in_flight(settings)}
+    )
+    if len(observations) < 3 + len(groups) + SPARE_OBSERVATIONS:
         return None
     rows = []
     for (settings, _), key in zip(observations, keys, strict=True):
-        one, workers, held = _drivers(settings)
-        rows.append([one, workers, *(held if key == group else 0.0 for group in groups)])
-    terms = np.array(rows)
+        prefetched = settings.batch * _in_flight(settings)
+        rows.append(
+            [1.0, settings.num_workers, settings.batch]
+            + [prefetched if key == group else 0.0 for group in groups]
+        )
+    terms = np.array(rows, dtype=float)
     peaks = np.array([peak for _, peak in observations], dtype=float)
-    if len(observations) < terms.shape[1] + SPARE_OBSERVATIONS:
-        return None
     if np.linalg.matrix_rank(terms) < terms.shape[1]:
         return None
     figures, *_ = np.linalg.lstsq(terms, peaks, rcond=None)
     if figures[1] < 0:  # forked workers share nearly everything: their own memory is noise
         without_workers, *_ = np.linalg.lstsq(np.delete(terms, 1, axis=1), peaks, rcond=None)
         figures = np.insert(without_workers, 1, 0.0)
-    main, worker, samples = figures[0], figures[1], figures[2:]
+    main, worker, step, samples = figures[0], figures[1], figures[2], figures[3:]
     # Under a byte per sample is free (flat peaks fit to +-1e-11 by rounding, a sign BLAS picks).
-    if main <= 0 or min(samples) < MIN_SAMPLE_BYTES:
+    if main <= 0 or step < MIN_SAMPLE_BYTES or (len(samples) and min(samples) < 0):
         return None
-    return MemoryFigures(float(main), float(worker), float(samples[groups.index(wanted)]))
+    if wanted not in groups:
+        return None
+    sample = float(samples[groups.index(wanted)])
+    return MemoryFigures(float(main), float(worker), sample, float(step), deepest)
