@@ -75,12 +75,29 @@ def test_without_workers_everything_is_serial() -> None:
 
 def test_waiting_workers_scale_past_the_cores_until_the_cpu_binds() -> None:
     profile, space = _profile(), _space()
-    rates = {w: predict(profile, _settings(space, w)).samples_per_sec for w in (1, 2, 4, 8, 16)}
+    rates = {
+        w: predict(profile, _settings(space, w)).ideal_samples_per_sec for w in (1, 2, 4, 8, 16)
+    }
     assert rates[16] == pytest.approx(16 * rates[1], rel=0.02)  # 16 workers on 2 cores
     assert predict(profile, _settings(space, 16)).limit == "workers"
     many = predict(profile, _settings(space, 250))
     assert many.limit == "cpu"
-    assert many.samples_per_sec == pytest.approx(many.cpu, rel=0.01)
+    assert many.ideal_samples_per_sec == pytest.approx(many.cpu, rel=0.01)
+
+
+def test_stages_that_nearly_match_overlap_worse_than_one_that_binds_alone() -> None:
+    profile, space = _profile(), _space(max_workers=256)
+    for workers in (1, 16, 64, 250):
+        prediction = predict(profile, _settings(space, workers))
+        smallest = min(prediction.producer, prediction.consumer, prediction.cpu)
+        assert prediction.samples_per_sec < prediction.ideal_samples_per_sec
+        assert prediction.ideal_samples_per_sec == pytest.approx(smallest, rel=0.01)
+    # One worker: the workers bind alone (125/s against a step at 20,000): nearly the minimum.
+    alone = predict(profile, _settings(space, 1))
+    assert alone.samples_per_sec == pytest.approx(alone.ideal_samples_per_sec, rel=0.01)
+    # 160 workers produce 20,000/s, the step's rate: together they lose the most.
+    matched = predict(profile, _settings(space, 160))
+    assert matched.samples_per_sec < 0.7 * matched.ideal_samples_per_sec
 
 
 def test_workers_beyond_an_epochs_batches_add_nothing() -> None:
