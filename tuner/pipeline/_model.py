@@ -51,11 +51,11 @@ __all__ = [
     "workers_needed",
 ]
 
-OVERLAP_POWER = 1.5
-"""The smooth minimum's power. Fitted on the grids of docs/data (image, text, storage, 2026-12-04,
-216 + 108 + 48 settings): the median error of the predictions against the measured grid fell
-from 45% / 32% / 4.1% with the plain minimum to 14% / 26% / 1.8%; chosen on those grids, not
-tested on others."""
+OVERLAP_POWER = 2.0
+"""The smooth minimum's power, chosen on six measured grids (docs/benchmarks.md, 2026-12-04): the
+median error of the predictions against image, text and storage grids of two days, with the
+plain minimum 44.7 / 30.8 / 4.1% and 24.9 / 24.1 / 5.7%, with this power 16.3 / 26.8 / 0.9% and
+14.6 / 29.6 / 3.0% (mean 22.4% against 15.2%; 1.5 and 3 gave 17.0% and 16.4%)."""
 
 OVERSUBSCRIBED_STEP_FACTOR = 0.69
 """Measured on the 2-core machine (image, w3 b32): 214 samples/s with two intra-op threads

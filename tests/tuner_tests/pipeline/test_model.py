@@ -95,9 +95,14 @@ def test_stages_that_nearly_match_overlap_worse_than_one_that_binds_alone() -> N
     # One worker: the workers bind alone (125/s against a step at 20,000): nearly the minimum.
     alone = predict(profile, _settings(space, 1))
     assert alone.samples_per_sec == pytest.approx(alone.ideal_samples_per_sec, rel=0.01)
-    # 160 workers produce 20,000/s, the step's rate: together they lose the most.
-    matched = predict(profile, _settings(space, 160))
-    assert matched.samples_per_sec < 0.7 * matched.ideal_samples_per_sec
+    # The closer the stages, the more they lose: at 160 workers the workers (19,500/s), the step
+    # (16,700/s) and the cores (11,100/s) are within 2x of each other.
+    shares = [
+        prediction.samples_per_sec / prediction.ideal_samples_per_sec
+        for prediction in (predict(profile, _settings(space, w)) for w in (1, 16, 64, 160))
+    ]
+    assert shares == sorted(shares, reverse=True)
+    assert shares[-1] < 0.8
 
 
 def test_workers_beyond_an_epochs_batches_add_nothing() -> None:
