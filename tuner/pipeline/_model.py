@@ -24,7 +24,9 @@ intra-op threads on ``c`` usable cores, per sample:
 
 With ``num_workers=0`` everything is serial in the main process. ``prefetch_factor`` does not
 change the steady rate here; it only costs memory (:func:`memory_max_workers`). The bound is the
-best ideal rate with as many workers as memory allows: no setting of this machine does better.
+best ideal rate with as many workers as memory allows: no setting of this machine does better,
+as far as the profile is right (a profile measured while the machine ran slow puts it lower:
+the image optimum measured 123% of its bound on 2026-12-04).
 """
 
 from __future__ import annotations
@@ -52,10 +54,11 @@ __all__ = [
 ]
 
 OVERLAP_POWER = 2.0
-"""The smooth minimum's power, chosen on six measured grids (docs/benchmarks.md, 2026-12-04): the
-median error of the predictions against image, text and storage grids of two days, with the
-plain minimum 44.7 / 30.8 / 4.1% and 24.9 / 24.1 / 5.7%, with this power 16.3 / 26.8 / 0.9% and
-14.6 / 29.6 / 3.0% (mean 22.4% against 15.2%; 1.5 and 3 gave 17.0% and 16.4%)."""
+"""The smooth minimum's power, chosen on six measured grids (``python -m bench.overlap_fit`` on
+the ``search-*-2026-12-04`` files in docs/data): the median error of the predictions against the
+image, text and storage grids of two machines, with the plain minimum 44.7 / 30.8 / 4.1% and
+24.9 / 24.1 / 5.7%, with this power 16.3 / 26.8 / 0.9% and 14.6 / 29.6 / 3.0% (mean 22.4%
+against 15.2%; powers 1.5 and 3 gave 17.0% and 16.4%)."""
 
 OVERSUBSCRIBED_STEP_FACTOR = 0.69
 """Measured on the 2-core machine (image, w3 b32): 214 samples/s with two intra-op threads
@@ -80,7 +83,7 @@ class Prediction:
     consumer: float
     cpu: float
     ideal_samples_per_sec: float = math.nan
-    """The rate were the stages to overlap perfectly (their plain minimum): never exceeded."""
+    """The rate were the stages to overlap perfectly (their plain minimum)."""
 
     @property
     def limit(self) -> str:
