@@ -50,8 +50,10 @@ RETEST_BELOW_FRACTION = 0.9
 
 MODEL_PRUNE_FRACTION = 1.05
 """The model putting a setting's peak at this share of the limit or above prunes it unrun
-(replayed over 12 studies of ``bench.guard_precision``: at 1.0, 3 of 20 such prunes held under
-90% of the limit, at 1.05 none, and 16 of the 17 that did not fit were still caught)."""
+(replayed over 12 studies of ``bench.guard_precision``, docs/benchmarks.md 2026-12-04: at 1.0,
+3 of 20 such prunes held under 90% of the limit, at 1.05 none, and 16 of the 17 that did not fit
+were still caught; a scratch copy of ``bench.memory_replay``'s loop, which on the code as
+committed counts 6 prunes on those studies, none a false alarm)."""
 
 
 def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, LoaderSettings]]:
