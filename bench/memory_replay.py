@@ -26,11 +26,10 @@ import optuna
 from optuna.trial import TrialState
 
 from bench._harness import settings_key
+from bench.guard_precision import FALSE_ALARM_FRACTION
 from tuner._attrs import has_settings, trial_settings
 from tuner.run._walls import wall_verdict
 from tuner.search._settings import LoaderSettings
-
-FALSE_ALARM_FRACTION = 0.9
 
 
 def replay_folder(folder: Path) -> tuple[collections.Counter[str], list[float]]:

@@ -82,7 +82,7 @@ class Prediction:
     producer: float
     consumer: float
     cpu: float
-    ideal_samples_per_sec: float = math.nan
+    ideal_samples_per_sec: float
     """The rate were the stages to overlap perfectly (their plain minimum)."""
 
     @property

@@ -96,7 +96,7 @@ def fit_memory_figures(
     groups = sorted(
         {key for (settings, _), key in zip(observations, keys, strict=True) if _in_flight(settings)}
     )
-    if len(observations) < 3 + len(groups) + SPARE_OBSERVATIONS:
+    if wanted not in groups or len(observations) < 3 + len(groups) + SPARE_OBSERVATIONS:
         return None
     rows = []
     for (settings, _), key in zip(observations, keys, strict=True):
@@ -116,8 +116,6 @@ def fit_memory_figures(
     main, worker, step, samples = figures[0], figures[1], figures[2], figures[3:]
     # Under a byte per sample is free (flat peaks fit to +-1e-11 by rounding, a sign BLAS picks).
     if main <= 0 or step < MIN_SAMPLE_BYTES or (len(samples) and min(samples) < 0):
-        return None
-    if wanted not in groups:
         return None
     sample = float(samples[groups.index(wanted)])
     return MemoryFigures(float(main), float(worker), sample, float(step), deepest)
