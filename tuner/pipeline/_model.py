@@ -19,8 +19,11 @@ intra-op threads on ``c`` usable cores, per sample:
   :data:`OVERLAP_POWER`, below the smallest of the three; the smallest itself is the ideal
   overlap, what the bound and the worker range are built from; without ``persistent_workers``
   each epoch also starts every worker again;
-* a multi-threaded step whose threads outnumber the cores the workers leave free runs at
-  :data:`OVERSUBSCRIBED_STEP_FACTOR` of its one-thread rate (its threads wait on each other).
+* a multi-threaded step runs at its own measured rate; its threads' extra CPU per sample counts
+  against the cores in the CPU stage. (A fixed penalty for step threads beyond the cores the
+  workers leave free, 0.69 of the one-thread rate from one image measurement, was dropped: on
+  the six stored grids it raised the mean median error from 14.6% to 15.2%, and the grids'
+  fastest settings run two step threads beside two to four workers.)
 
 With ``num_workers=0`` everything is serial in the main process. ``prefetch_factor`` does not
 change the steady rate here; it only costs memory (:func:`memory_max_workers`). The bound is the
@@ -42,7 +45,6 @@ from tuner.search._space import MAX_WORKERS, SearchSpace
 
 __all__ = [
     "HARD_MAX_WORKERS",
-    "OVERSUBSCRIBED_STEP_FACTOR",
     "PipelineModel",
     "Prediction",
     "candidate_setting",
@@ -59,10 +61,6 @@ the ``search-*-2026-12-04`` files in docs/data): the median error of the predict
 image, text and storage grids of two machines, with the plain minimum 44.7 / 30.8 / 4.1% and
 24.9 / 24.1 / 5.7%, with this power 16.3 / 26.8 / 0.9% and 14.6 / 29.6 / 3.0% (mean 22.4%
 against 15.2%; powers 1.5 and 3 gave 17.0% and 16.4%)."""
-
-OVERSUBSCRIBED_STEP_FACTOR = 0.69
-"""Measured on the 2-core machine (image, w3 b32): 214 samples/s with two intra-op threads
-against 310 with one, while the workers held the cores."""
 
 HARD_MAX_WORKERS = MAX_WORKERS
 """No space goes beyond this many workers, whatever the model says (process-table sanity)."""
@@ -137,7 +135,9 @@ def _costs(profile: PipelineProfile) -> tuple[float, float, float]:
 
 
 def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
-    """Predicted samples/sec of ``settings``, from the profile alone (rates over one epoch)."""
+    """Predicted samples/sec of ``settings``, from the profile alone (rates over one epoch),
+    with its knobs' own costs where they were profiled."""
+    profile = profile.for_knobs(settings.knobs)
     batch, threads, workers = settings.batch, settings.torch_num_threads, settings.num_workers
     step_rate = _step(profile.step_rates, threads, batch) or math.inf
     step_cpu = _step(profile.step_cpu_s, threads, batch) or 0.0
@@ -154,17 +154,8 @@ def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
     batches = max(1, math.ceil(epoch / samples))
     producer = epoch / (math.ceil(batches / workers) * samples * produce_s)
 
-    def stages(rate: float, cpu_s: float) -> tuple[float, float]:
-        consumer = 1 / (1 / rate + main_cpu)
-        cpu = profile.usable_cores / max(1e-12, worker_cpu + main_cpu + cpu_s)
-        return consumer, cpu
-
-    consumer, cpu = stages(step_rate, step_cpu)
-    free_cores = profile.usable_cores - min(producer, consumer, cpu) * worker_cpu
-    one_rate = _step(profile.step_rates, 1, batch)
-    if threads > 1 and threads > free_cores + 0.5 and one_rate:
-        slowed = OVERSUBSCRIBED_STEP_FACTOR * one_rate
-        consumer, cpu = stages(slowed, _step(profile.step_cpu_s, 1, batch) or 0.0)
+    consumer = 1 / (1 / step_rate + main_cpu)
+    cpu = profile.usable_cores / max(1e-12, worker_cpu + main_cpu + step_cpu)
 
     def epoch_rate(steady: float) -> float:
         epoch_s = epoch / steady
@@ -177,9 +168,15 @@ def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
 
 
 def memory_max_workers(
-    profile: PipelineProfile, host_limit_bytes: int | None, batch: int, prefetch: int = 2
+    profile: PipelineProfile,
+    host_limit_bytes: int | None,
+    batch: int,
+    prefetch: int = 2,
+    knobs: Mapping[str, Any] | None = None,
 ) -> int:
-    """The most workers whose own memory and prefetched batches fit in half the host limit."""
+    """The most workers whose own memory and prefetched batches fit in half the host limit
+    (``knobs``' sample bytes where profiled)."""
+    profile = profile.for_knobs(knobs or {})
     if not host_limit_bytes:
         return HARD_MAX_WORKERS
     per_worker = profile.worker_uss_bytes + prefetch * _samples(profile, batch) * max(
@@ -206,10 +203,17 @@ def _best_at(
     return best_rate, best
 
 
-def workers_needed(profile: PipelineProfile, space: SearchSpace, batch: int, threads: int) -> int:
-    """The fewest workers whose ideal rate is within 3% of unlimited workers' (at ``batch``):
-    the smooth minimum approaches the step's rate only slowly, and would stretch the range."""
-    knobs = space.base_knobs
+def workers_needed(
+    profile: PipelineProfile,
+    space: SearchSpace,
+    batch: int,
+    threads: int,
+    knobs: Mapping[str, Any] | None = None,
+) -> int:
+    """The fewest workers whose ideal rate is within 3% of unlimited workers' (at ``batch``,
+    ``knobs``, default the base ones): the smooth minimum approaches the step's rate only
+    slowly, and would stretch the range."""
+    knobs = space.base_knobs if knobs is None else knobs
 
     def rate(workers: int) -> float:
         settings = space.settings(
@@ -239,10 +243,11 @@ def candidate_setting(
     return space.settings(workers, batch, prefetch, persistent, pin, threads, knobs)
 
 
-def _candidates(space: SearchSpace, knobs: Mapping[str, Any]) -> list[LoaderSettings]:
-    """Every worker, batch and thread count of ``space``."""
+def _candidates(space: SearchSpace) -> list[LoaderSettings]:
+    """Every worker, batch, thread count and knob set of ``space``."""
     return [
         candidate_setting(space, workers, batch, threads, knobs)
+        for knobs in space.knob_sets()
         for workers in _fixed_or(space, "num_workers", range(space.max_workers + 1))
         for batch in _fixed_or(space, space.batch_param, space.batch_choices())
         for threads in _fixed_or(space, "torch_num_threads", range(1, space.max_threads + 1))
@@ -251,7 +256,7 @@ def _candidates(space: SearchSpace, knobs: Mapping[str, Any]) -> list[LoaderSett
 
 def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettings:
     """The setting of ``space`` the model rates fastest (the cheapest among near-ties)."""
-    _, best = _best_at(profile, _candidates(space, space.base_knobs))
+    _, best = _best_at(profile, _candidates(space))
     assert best is not None  # a space always holds at least one setting
     return best
 
@@ -265,9 +270,9 @@ def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes:
     """
     wide = dataclasses.replace(space, max_workers=HARD_MAX_WORKERS)
     best = predicted_best(profile, wide)
-    needed = workers_needed(profile, space, best.batch, best.torch_num_threads)
+    needed = workers_needed(profile, space, best.batch, best.torch_num_threads, best.knobs)
     cores = max(1, math.ceil(profile.usable_cores))
-    memory = memory_max_workers(profile, host_limit_bytes, best.batch, 2)
+    memory = memory_max_workers(profile, host_limit_bytes, best.batch, 2, best.knobs)
     return max(1, min(max(cores, 2 * needed), memory, HARD_MAX_WORKERS))
 
 
@@ -288,13 +293,14 @@ class PipelineModel:
         allows; the predicted best of ``space`` itself."""
         widest = max(
             (
-                memory_max_workers(profile, host_limit_bytes, batch, 2)
+                memory_max_workers(profile, host_limit_bytes, batch, 2, knobs)
                 for batch in space.batch_choices()
+                for knobs in space.knob_sets()
             ),
             default=space.max_workers,
         )
         wide = dataclasses.replace(space, max_workers=max(space.max_workers, widest))
-        bound, _ = _best_at(profile, _candidates(wide, space.base_knobs), ideal=True)
+        bound, _ = _best_at(profile, _candidates(wide), ideal=True)
         return cls(profile, bound, predicted_best(profile, space))
 
     def predict(self, settings: LoaderSettings) -> float:

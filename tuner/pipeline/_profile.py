@@ -15,15 +15,23 @@ else touches the key). Two measurements make it:
   what lets workers outnumber the cores.
 * the step's rate per batch size and thread count is the ceiling measurement's
   (:func:`tuner.trial._ceiling.measure_step_rates`), not measured twice.
+
+A workload knob changes what a sample costs (image's ``collate=uint8`` moves the float
+conversion from the workers to the step and ships a quarter of the bytes), so each other value
+of each knob is profiled too, one knob at a time: its :data:`KNOB_COST_FIELDS` and its step's
+time against the base knobs' at the profiled batch (``knob_costs``);
+:meth:`PipelineProfile.for_knobs` gives the profile of any knob set.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "KNOB_COST_FIELDS",
     "PROFILE_ATTR",
     "PipelineProfile",
     "RateTable",
@@ -37,6 +45,28 @@ PROFILE_ATTR = "pipeline_profile"
 RateTable = Mapping[int, Mapping[int, float]]
 """``threads -> batch -> value``: the step's samples/s (or CPU seconds per sample) per setting."""
 
+KNOB_COST_FIELDS = (
+    "fetch_wall_s",
+    "fetch_cpu_s",
+    "fetch_runqueue_s",
+    "collate_s",
+    "ipc_dump_s",
+    "ipc_load_s",
+    "transfer_s",
+    "sample_bytes",
+    "loader_main_cpu_s",
+    "loader_worker_cpu_s",
+)
+"""The profile's figures a knob value has its own of (the rest are the machine's or the step's)."""
+
+STEP_TIME_RATIO = "step_time_ratio"
+"""In a knob's costs: its step's time per sample over the base knobs' (same batch, 1 thread)."""
+
+
+def knob_key(name: str, value: Any) -> str:
+    """How ``knob_costs`` names one knob value (text: a study attr's keys are)."""
+    return f"{name}={value!r}"
+
 
 @dataclasses.dataclass(frozen=True)
 class PipelineProfile:
@@ -49,7 +79,8 @@ class PipelineProfile:
     two-worker DataLoader spent without a step, in its main process and in its workers
     (everything included); ``step_rates`` and ``step_cpu_s`` are per thread count and batch
     value; ``samples_per_batch`` maps each batch value to its samples (a token budget packs a
-    varying number).
+    varying number). ``knob_costs`` holds, per other knob value (:func:`knob_key`), its own
+    :data:`KNOB_COST_FIELDS` and ``step_time_ratio``; the rest are the base knobs'.
     """
 
     fetch_wall_s: float
@@ -72,6 +103,7 @@ class PipelineProfile:
     loader_main_cpu_s: float = 0.0
     loader_worker_cpu_s: float = 0.0
     fetch_runqueue_s: float = 0.0
+    knob_costs: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
     def io_wait_share(self) -> float:
@@ -85,6 +117,29 @@ class PipelineProfile:
     def fetch_alone_s(self) -> float:
         """A fetch's wall time without the run-queue wait other work on the machine caused."""
         return max(self.fetch_cpu_s, self.fetch_wall_s - self.fetch_runqueue_s)
+
+    def for_knobs(self, knobs: Mapping[str, Any]) -> PipelineProfile:
+        """The profile of ``knobs``: each profiled knob value's change from the base added to
+        the base's costs (its step time ratio multiplied), unprofiled values as the base."""
+        changes = [
+            self.knob_costs[key]
+            for key in map(knob_key, knobs, knobs.values())
+            if key in self.knob_costs
+        ]
+        if not changes:
+            return self
+        fields = {}
+        for name in KNOB_COST_FIELDS:
+            base = getattr(self, name)
+            fields[name] = max(0.0, base + sum(change[name] - base for change in changes))
+        ratio = math.prod(c.get(STEP_TIME_RATIO, 1.0) for c in changes)
+        return dataclasses.replace(
+            self,
+            **fields,
+            step_rates=_scaled(self.step_rates, 1 / ratio),
+            step_cpu_s=_scaled(self.step_cpu_s, ratio),
+            knob_costs={},
+        )
 
     def to_attrs(self) -> dict[str, Any]:
         """JSON-safe (mapping keys as text, as a study attr stores them)."""
@@ -105,7 +160,15 @@ class PipelineProfile:
             values[name] = {
                 int(t): {int(b): float(v) for b, v in row.items()} for t, row in attrs[name].items()
             }
+        values["knob_costs"] = {
+            str(key): {str(name): float(v) for name, v in costs.items()}
+            for key, costs in attrs.get("knob_costs", {}).items()
+        }
         return cls(**values)
+
+
+def _scaled(table: RateTable, factor: float) -> dict[int, dict[int, float]]:
+    return {t: {b: v * factor for b, v in row.items()} for t, row in table.items()}
 
 
 def stored_profile(user_attrs: Mapping[str, Any]) -> PipelineProfile | None:

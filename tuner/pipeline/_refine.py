@@ -26,8 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from tuner.pipeline._model import _fixed_or, candidate_setting, predict
 from tuner.pipeline._profile import PipelineProfile
@@ -129,13 +128,13 @@ def _threads(space: SearchSpace) -> list[int]:
     return list(_fixed_or(space, "torch_num_threads", sorted({1, space.max_threads})))
 
 
-def _grid(space: SearchSpace, knob_sets: Iterable[Mapping[str, Any]]) -> list[LoaderSettings]:
+def _grid(space: SearchSpace) -> list[LoaderSettings]:
     """Every ladder worker count, batch value and thread count (1 or all) with each knob set."""
     workers = _fixed_or(space, "num_workers", worker_ladder(space.max_workers))
     batches = _fixed_or(space, space.batch_param, space.batch_choices())
     return [
         candidate_setting(space, w, b, t, knobs)
-        for knobs in knob_sets
+        for knobs in space.knob_sets()
         for w in workers
         for b in batches
         for t in _threads(space)
@@ -199,8 +198,7 @@ def next_setting(
         # Ties go to the cheaper setting: fewer workers, then the smaller batch.
         return sorted(rated, key=lambda pair: (-pair[0], pair[1].memory_footprint()))
 
-    knob_sets = [space.base_knobs] + ([dict(best.knobs)] if best.knobs != space.base_knobs else [])
-    top = scored(_grid(space, knob_sets))
+    top = scored(_grid(space))
     if top and top[0][0] > IMPROVE_FRACTION * best_value:
         return Proposal(top[0][1], "corrected", top[0][0])
     near = scored(worker_steps(space, best)) + [

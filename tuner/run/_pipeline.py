@@ -87,7 +87,9 @@ def profile_pipeline(
         return None  # no ceiling measured: the step's side of the model is unknown
     settings = space.main_process_settings(space.clamp_batch(prepared.workload.default_batch_size))
     job = make_job(prepared, settings, Mode.PIPELINE).replace(
-        batches=tuple(space.batch_choices()), budget_s=PROFILE_BUDGET_S
+        batches=tuple(space.batch_choices()),
+        budget_s=PROFILE_BUDGET_S,
+        knob_variants=space.knob_variants(),
     )
     outcome = supervisor.run(job, trial_deadline(prepared.config))
     if outcome.state != "complete":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping
+from itertools import product
 from typing import Any
 
 import optuna
@@ -230,6 +231,27 @@ class SearchSpace:
         """
         fixed = {knob: value for knob, value in self.fixed.items() if knob in self.workload.knobs}
         return {**self.workload.default_knobs, **fixed}
+
+    def knob_sets(self) -> list[dict[str, Any]]:
+        """Every combination of the searched knobs' values (fixed ones as fixed), base first."""
+        choices = [
+            [self.fixed[knob]] if knob in self.fixed else list(values)
+            for knob, values in self.workload.knobs.items()
+        ]
+        sets = [dict(zip(self.workload.knobs, combo, strict=True)) for combo in product(*choices)]
+        base = self.base_knobs
+        return [base] + [knobs for knobs in sets if knobs != base]
+
+    def knob_variants(self) -> tuple[tuple[str, Any], ...]:
+        """Each searched knob's values other than the base one: what the profile measures."""
+        base = self.base_knobs
+        return tuple(
+            (knob, value)
+            for knob, values in self.workload.knobs.items()
+            if knob not in self.fixed
+            for value in values
+            if value != base[knob]
+        )
 
     def main_process_settings(self, batch: int, pin_memory: bool = False) -> LoaderSettings:
         """No workers, one intra-op thread, the base knobs: what the probe and the ceiling

@@ -111,6 +111,8 @@ def _pipeline(conn: Connection, job: Job) -> None:
         batches=job.batches,
         seed=job.seed,
         budget_s=job.budget_s,
+        knobs=job.settings.knobs,
+        knob_variants=job.knob_variants,
     )
     conn.send(Result(attrs))
 

@@ -23,10 +23,17 @@ import torch.multiprocessing  # registers the tensor reductions a worker queue p
 from torch.utils.data import DataLoader, default_collate
 
 from objectives import Workload, move_to_device
+from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
 from tuner.search._settings import LoaderSettings
+from tuner.trial._ceiling import measure_step_rates
 from tuner.trial._measure import count_samples, synchronize
 
 __all__ = ["measure_pipeline", "samples_per_batch"]
+
+STEP_WINDOW_S = 0.3
+"""The window of the step's time per knob value: a ratio at one batch, not the ceiling."""
+STEP_ROUNDS = 2
+"""Alternate windows of the base knobs' step and a variant's, for the ratio of their times."""
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -178,21 +185,16 @@ def _transfer_s(batch: Any, device: torch.device, samples: int) -> float:
     return statistics.median(times) / max(1, samples)
 
 
-def measure_pipeline(
+def _sample_costs(
     workload: Workload,
     batch: int,
     device: torch.device,
-    batches: Sequence[int],
-    seed: int = 0,
-    budget_s: float = 1.0,
-    max_batches: int = 64,
-) -> dict[str, Any]:
-    """The profile's measured part (all but the step's rates and the cores), as attrs.
-
-    ``batch`` is the batch value profiled (the workload's default); ``batches`` every value the
-    space holds, for ``samples_per_batch``. At least three batches are fetched, more while
-    ``budget_s`` lasts.
-    """
+    seed: int,
+    budget_s: float,
+    max_batches: int,
+) -> tuple[dict[str, Any], Any]:
+    """One knob set's per-sample costs (stand-in worker, transfer, a real loader's CPU) and
+    the last batch the stand-in worker made."""
     plan = _index_batches(workload, batch, seed, max_batches)
     if not plan:
         raise ValueError("the workload yields no batch to profile")
@@ -212,14 +214,69 @@ def measure_pipeline(
         worker.join(timeout=10)
         if worker.is_alive():
             worker.kill()
-    samples = len(plan[0])
     main_cpu_s, worker_cpu_s = _loader_cpu_s(workload, batch, seed, budget_s)
-    return {
+    costs = {
         **stats,
         "loader_main_cpu_s": main_cpu_s,
         "loader_worker_cpu_s": worker_cpu_s,
-        "transfer_s": _transfer_s(last, device, samples),
+        "transfer_s": _transfer_s(last, device, len(plan[0])),
         "worker_start_s": worker_start_s,
+    }
+    return costs, last
+
+
+def _step_s(workload: Workload, batch: int, device: torch.device, seed: int) -> float:
+    """The step's seconds per sample at ``batch`` on one thread (a short window)."""
+    settings = LoaderSettings(batch=batch, num_workers=0, torch_num_threads=1)
+    rates = measure_step_rates(
+        workload, settings, device, STEP_WINDOW_S, STEP_WINDOW_S / 2, threads=[1], seed=seed
+    )
+    return 1 / max(1e-12, rates.rates[1][batch])
+
+
+def _step_time_ratio(
+    base: Workload, variant: Workload, batch: int, device: torch.device, seed: int
+) -> float:
+    """``variant``'s step time per sample over ``base``'s, measured alternately
+    (:data:`STEP_ROUNDS` each) so that the machine's drift falls on both."""
+    base_s = variant_s = 0.0
+    for _ in range(STEP_ROUNDS):
+        base_s += _step_s(base, batch, device, seed)
+        variant_s += _step_s(variant, batch, device, seed)
+    return variant_s / base_s
+
+
+def measure_pipeline(
+    workload: Workload,
+    batch: int,
+    device: torch.device,
+    batches: Sequence[int],
+    seed: int = 0,
+    budget_s: float = 1.0,
+    max_batches: int = 64,
+    knobs: Mapping[str, Any] | None = None,
+    knob_variants: Sequence[tuple[str, Any]] = (),
+) -> dict[str, Any]:
+    """The profile's measured part (all but the step's rates and the cores), as attrs.
+
+    ``batch`` is the batch value profiled (the workload's default); ``batches`` every value the
+    space holds, for ``samples_per_batch``. At least three batches are fetched, more while
+    ``budget_s`` lasts. Each ``(knob, value)`` of ``knob_variants`` is profiled again with
+    ``value`` over ``knobs`` (the base knobs ``workload`` runs with), at half the budget, with
+    its step's time against the base's (``knob_costs``).
+    """
+    costs, _ = _sample_costs(workload, batch, device, seed, budget_s, max_batches)
+    knob_costs = {}
+    for name, value in knob_variants:
+        variant = workload.with_knobs({**(knobs or {}), name: value})
+        own, _ = _sample_costs(variant, batch, device, seed, budget_s / 2, max_batches)
+        knob_costs[knob_key(name, value)] = {
+            **{field: float(own[field]) for field in KNOB_COST_FIELDS},
+            STEP_TIME_RATIO: _step_time_ratio(workload, variant, batch, device, seed),
+        }
+    return {
+        **costs,
+        "knob_costs": knob_costs,
         "samples_per_batch": {
             str(k): v for k, v in samples_per_batch(workload, batches, seed).items()
         },

@@ -50,6 +50,8 @@ class Job:
     threads: tuple[int, ...] = ()
     budget_s: float = 0.0
     """The pipeline profile's time budget per measurement."""
+    knob_variants: tuple[tuple[str, Any], ...] = ()
+    """The pipeline profile's other knob values ``(knob, value)``, each profiled on its own."""
     cwd: str | None = None
     """The study's working directory, so relative paths in a workload mean the same there."""
     sys_path: tuple[str, ...] = ()

@@ -7,6 +7,8 @@ import torch
 
 from objectives import Workload, storage_workload
 from tests.tuner_tests.workloads import Vectors
+from tuner.pipeline import PipelineProfile
+from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
 from tuner.trial._pipeline import measure_pipeline, samples_per_batch
 
 CPU = torch.device("cpu")
@@ -39,3 +41,28 @@ def test_a_batch_sampler_counts_its_epoch_mean() -> None:
     workload = text_workload(sequences=300, vocab_size=64, max_length=96)
     counts = samples_per_batch(workload, [1024, 2048], seed=0)
     assert 1 < counts[1024] < counts[2048] < 300
+
+
+def test_each_other_knob_value_is_profiled_with_its_own_costs() -> None:
+    from objectives import image_workload
+
+    workload = image_workload(images=64, resolution=32, crop=24)
+    attrs = measure_pipeline(
+        workload,
+        8,
+        CPU,
+        [8],
+        budget_s=0.2,
+        knobs={"collate": "float"},
+        knob_variants=[("collate", "uint8")],
+    )
+    uint8 = attrs["knob_costs"][knob_key("collate", "uint8")]
+    assert set(uint8) == {*KNOB_COST_FIELDS, STEP_TIME_RATIO}
+    # A uint8 sample is a quarter of a float one (3 x 24 x 24 pixels, plus its int64 label).
+    assert attrs["sample_bytes"] == pytest.approx(3 * 24 * 24 * 4 + 8)
+    assert uint8["sample_bytes"] == pytest.approx(3 * 24 * 24 + 8)
+    assert uint8["step_time_ratio"] > 0
+    stored = PipelineProfile.from_attrs(
+        {**attrs, "usable_cores": 2.0, "step_rates": {1: {8: 100.0}}, "step_cpu_s": {1: {8: 0.01}}}
+    )
+    assert stored.for_knobs({"collate": "uint8"}).sample_bytes == uint8["sample_bytes"]

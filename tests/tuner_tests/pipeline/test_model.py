@@ -17,7 +17,8 @@ from tuner.pipeline import (
     stored_profile,
     worker_range,
 )
-from tuner.pipeline._model import HARD_MAX_WORKERS, OVERSUBSCRIBED_STEP_FACTOR
+from tuner.pipeline._model import HARD_MAX_WORKERS
+from tuner.pipeline._profile import KNOB_COST_FIELDS, knob_key
 from tuner.search._space import SearchSpace
 
 BATCHES = (8, 16, 32, 64)
@@ -120,23 +121,47 @@ def test_persistent_workers_save_the_start_of_every_worker_each_epoch() -> None:
     assert 512 / restarted == pytest.approx(512 / kept + 8 * 0.05)
 
 
-def test_a_multithreaded_step_on_taken_cores_runs_below_one_thread() -> None:
+def test_a_multithreaded_steps_extra_cpu_counts_against_the_workers_cores() -> None:
     profile = _cpu_bound()
     space = _space()
     one = predict(profile, _settings(space, 4, threads=1))
     two = predict(profile, _settings(space, 4, threads=2))
+    assert two.consumer > one.consumer  # alone, two threads step faster
+    assert two.cpu < one.cpu  # but each sample costs more CPU, which the workers need
     assert two.samples_per_sec <= one.samples_per_sec
-    # Two workers decoding hold about a core: two step threads no longer find two free cores.
-    slow_step = dataclasses.replace(
-        profile,
-        step_rates={1: {32: 100.0}, 2: {32: 180.0}},
-        step_cpu_s={1: {32: 0.01}, 2: {32: 0.011}},
+
+
+def test_a_knob_values_own_costs_change_its_prediction() -> None:
+    cheap = {"fetch_wall_s": 0.001, "fetch_cpu_s": 0.001, "sample_bytes": 256.0}
+    costs = {field: getattr(_cpu_bound(), field) for field in KNOB_COST_FIELDS}
+    profile = dataclasses.replace(
+        _cpu_bound(),
+        knob_costs={knob_key("collate", "uint8"): {**costs, **cheap, "step_time_ratio": 2.0}},
     )
-    slowed = predict(slow_step, _settings(space, 2, threads=2))
-    assert slowed.consumer == pytest.approx(
-        1 / (1 / (OVERSUBSCRIBED_STEP_FACTOR * 100.0) + 0.00001), rel=0.01
+    space = _space()
+    base = space.settings(4, 32, 2, True, False, 1, {"collate": "float"})
+    uint8 = dataclasses.replace(base, knobs={"collate": "uint8"})
+    assert predict(profile, uint8).producer > 4 * predict(profile, base).producer  # 1 ms, not 5
+    assert predict(profile, uint8).consumer < predict(profile, base).consumer  # step twice as long
+    assert predict(profile, base) == predict(_cpu_bound(), base)
+    own = profile.for_knobs({"collate": "uint8"})
+    assert (own.fetch_cpu_s, own.sample_bytes) == (0.001, 256.0)
+    assert own.step_rates[1][32] == pytest.approx(profile.step_rates[1][32] / 2)
+    assert profile.for_knobs({"collate": "float"}) is profile
+
+
+def test_knob_values_of_two_knobs_add_their_changes() -> None:
+    fields = {field: getattr(_cpu_bound(), field) for field in KNOB_COST_FIELDS}
+    profile = dataclasses.replace(
+        _cpu_bound(),
+        knob_costs={
+            knob_key("a", 1): {**fields, "fetch_cpu_s": 0.004, "step_time_ratio": 1.5},
+            knob_key("b", True): {**fields, "fetch_cpu_s": 0.003, "step_time_ratio": 2.0},
+        },
     )
-    assert slowed.samples_per_sec < predict(slow_step, _settings(space, 2)).samples_per_sec
+    both = profile.for_knobs({"a": 1, "b": True})
+    assert both.fetch_cpu_s == pytest.approx(0.005 - 0.001 - 0.002)
+    assert both.step_cpu_s[1][32] == pytest.approx(3.0 * profile.step_cpu_s[1][32])
 
 
 def test_the_cpu_counts_of_a_real_loader_replace_smaller_parts() -> None:
@@ -182,7 +207,8 @@ def test_the_predicted_best_lies_in_the_space_and_keeps_fixed_values() -> None:
 
 
 def test_the_profile_round_trips_through_study_attrs() -> None:
-    profile = _profile()
+    costs = {field: 0.5 for field in KNOB_COST_FIELDS}
+    profile = _profile(knob_costs={knob_key("collate", "uint8"): costs})
     attrs = profile.to_attrs()
     assert all(isinstance(key, str) for key in attrs["step_rates"])
     assert stored_profile({"pipeline_profile": attrs}) == profile
