@@ -28,7 +28,8 @@ from optuna.trial import TrialState
 from bench._harness import settings_key
 from bench.guard_precision import FALSE_ALARM_FRACTION
 from tuner._attrs import has_settings, trial_settings
-from tuner.run._walls import wall_verdict
+from tuner.pipeline import stored_profile
+from tuner.run._walls import prior_memory_figures, wall_verdict
 from tuner.search._settings import LoaderSettings
 
 
@@ -60,7 +61,8 @@ def replay_folder(folder: Path) -> tuple[collections.Counter[str], list[float]]:
                     truth = recorded
                 if truth is None:
                     continue
-                verdict = wall_verdict(trials[:number], settings, limit)
+                prior = prior_memory_figures(stored_profile(study.user_attrs), settings.knobs)
+                verdict = wall_verdict(trials[:number], settings, limit, prior)
                 if verdict.predicted_peak_bytes is not None:
                     errors.append(abs(verdict.predicted_peak_bytes / truth - 1))
                 if verdict.over_limit:

@@ -15,6 +15,7 @@ __all__ = [
     "SETTINGS_ATTR",
     "SKIPPED_FOR_MEMORY_REASONS",
     "STEP_CPU_ATTR",
+    "STEP_PEAK_ATTR",
     "STEP_RATES_ATTR",
     "is_memory_prune",
     "is_memory_reason",
@@ -38,6 +39,8 @@ STEP_RATES_ATTR = "step_samples_per_sec"
 """Ceiling child result: threads -> batch -> the step's samples/sec (the profile keeps it)."""
 STEP_CPU_ATTR = "step_cpu_s_per_sample"
 """Ceiling child result: threads -> batch -> the step's CPU seconds per sample."""
+STEP_PEAK_ATTR = "step_peak_host_memory_bytes"
+"""Ceiling child result: batch -> the main process's peak memory with the step, no workers."""
 
 MEMORY_REASONS = ("memory_guard:", "cuda_oom", "host_oom", "shm_full", "trial_killed: SIGKILL")
 """Pruned reasons that mean "this setting does not fit": the wall later trials stay below."""

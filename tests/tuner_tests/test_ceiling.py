@@ -101,6 +101,15 @@ def test_the_ceiling_is_the_best_over_the_batches_tried() -> None:
     assert either > 2 * small
 
 
+def test_the_main_processs_peak_is_kept_per_batch_value() -> None:
+    settings = LoaderSettings(batch=8, num_workers=0, torch_num_threads=1)
+    steps = measure_step_rates(
+        fast(), settings, CPU, window_s=0.05, warmup_s=0.0, batches=[8, 64, 512]
+    )
+    peaks = [steps.peak_bytes[batch] for batch in (8, 64, 512)]
+    assert peaks[0] > 0 and peaks == sorted(peaks)  # a high-water mark, batch by batch
+
+
 def _study_with_one_measured_trial(url: str, workload: Workload, batch: int) -> optuna.Study:
     settings = LoaderSettings(batch=batch, num_workers=0, torch_num_threads=1)
     study = optuna.create_study(storage=url, direction="maximize")

@@ -14,6 +14,7 @@ import pytest
 
 from tuner.machine._process import (
     ProcessTree,
+    own_peak_memory_bytes,
     process_tree,
     process_tree_memory_bytes,
     processes_memory_bytes,
@@ -105,6 +106,16 @@ def test_tree_of_this_process_includes_itself() -> None:
     assert tree[0].pid == os.getpid()
     tree_bytes = process_tree_memory_bytes(os.getpid())
     assert tree_bytes is not None and tree_bytes > 0
+
+
+def test_the_peak_estimate_keeps_memory_freed_since() -> None:
+    buffer = bytearray(256 * MiB)  # its own mapping: freed, it goes back to the kernel
+    buffer[:: os.sysconf("SC_PAGE_SIZE")] = b"x" * len(buffer[:: os.sysconf("SC_PAGE_SIZE")])
+    del buffer
+    now = process_tree_memory_bytes(os.getpid())
+    peak = own_peak_memory_bytes()
+    assert now is not None and peak is not None
+    assert peak - now >= 200 * MiB
 
 
 def test_gone_process_has_no_tree() -> None:

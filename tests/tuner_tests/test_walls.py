@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import optuna
+import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.pipeline._profile import KNOB_COST_FIELDS, knob_key
 from tuner.run._runner import _answer_from_storage, measured_twin
-from tuner.run._walls import PREDICTED_PEAK_ATTR, RETEST_ATTR, memory_walls, wall_verdict
+from tuner.run._walls import (
+    PREDICTED_PEAK_ATTR,
+    RETEST_ATTR,
+    memory_walls,
+    prior_memory_figures,
+    wall_verdict,
+)
 from tuner.search._memory_model import MemoryFigures, predicted_peak_bytes
 from tuner.search._settings import LoaderSettings
 
@@ -129,3 +138,38 @@ def test_the_model_prunes_unrun_a_setting_it_puts_over_the_limit_without_a_wall(
     assert _answer_from_storage(measured(), fits, wall_verdict(measured(), fits, LIMIT)) is None
     # Without enough measured trials there is no model, and nothing is pruned on it.
     assert not wall_verdict(measured()[:3], over, LIMIT).over_limit
+
+
+def test_the_profiles_prior_prunes_before_the_trials_give_figures_then_gives_way() -> None:
+    over = setting(4, 256, 2)
+    prior = MemoryFigures(200 * MiB, 20 * MiB, 0.5 * MiB, 0.5 * MiB, max_in_flight=4)
+    early = measured()[:3]
+    verdict = wall_verdict(early, over, LIMIT, prior)
+    # 200 + 80 + 256 * (1 + 4) * 0.5 MiB = 920 MiB under 1000: the queue stops at 4 batches.
+    assert verdict.predicted_peak_bytes == predicted_peak_bytes(over, prior)
+    assert not verdict.over_limit
+    huge = dataclasses.replace(prior, worker_bytes=200 * MiB)
+    assert wall_verdict(early, over, LIMIT, huge).over_limit
+    # Once the trials fit figures of their own, those decide.
+    fitted = wall_verdict(measured(), over, LIMIT, huge)
+    assert fitted.predicted_peak_bytes == predicted_peak_bytes(over, FIGURES)
+
+
+def test_the_prior_comes_from_the_profiles_memory_for_the_settings_knobs() -> None:
+    from tests.tuner_tests.pipeline.test_model import _profile
+
+    knobs = {"collate": "uint8"}
+    costs = {field: getattr(_profile(), field) for field in KNOB_COST_FIELDS}
+    profile = _profile(
+        worker_fork_bytes=30 * MiB,
+        step_peak_bytes={8: 108 * MiB, 64: 164 * MiB},
+        knob_costs={knob_key("collate", "uint8"): {**costs, "sample_bytes": 256.0}},
+    )
+    figures = prior_memory_figures(profile, knobs)
+    assert figures is not None
+    assert figures.main_bytes == pytest.approx(100 * MiB)
+    assert figures.step_sample_bytes == pytest.approx(1 * MiB)
+    assert (figures.worker_bytes, figures.sample_bytes) == (30 * MiB, 256.0)
+    assert prior_memory_figures(profile, {})
+    assert prior_memory_figures(_profile(), knobs) is None  # an older profile: no memory
+    assert prior_memory_figures(None, knobs) is None

@@ -26,6 +26,7 @@ from tuner.machine._procfs import KeptOpenFile
 
 __all__ = [
     "ProcessTree",
+    "own_peak_memory_bytes",
     "process_tree",
     "process_tree_memory_bytes",
     "processes_memory_bytes",
@@ -186,3 +187,22 @@ def processes_rss_bytes(processes: Sequence[psutil.Process]) -> int:
     """Summed RSS of ``processes``: follows growth between PSS readings; not the reading."""
     with ProcessTree(-1) as tree:
         return tree.rss_bytes(processes)
+
+
+def own_peak_memory_bytes() -> int | None:
+    """This process tree's peak so far, estimated: its PSS now plus how far this process's RSS
+    has been above where it is now (the kernel keeps the RSS high-water mark, not PSS's)."""
+    pss = process_tree_memory_bytes(os.getpid())
+    if pss is None:
+        return None
+    rss = hwm = None
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return pss + max(0, hwm - rss) if rss is not None and hwm is not None else pss

@@ -9,8 +9,9 @@ else touches the key). Two measurements make it:
   fetches samples of a few batches, timing each ``dataset[i]`` on the wall clock and on the
   process's CPU clock, then collates each batch and pickles it as a worker hands it to the main
   process (tensors into shared memory); after the samples it reads its own USS and PSS. The
-  child then times the batch's copy to the device, and runs a real two-worker DataLoader for a
-  second to count the CPU it spends per sample (queues, shared memory, bookkeeping included).
+  child then times the batch's copy to the device, and runs a real DataLoader (two workers, one
+  where two do not fit the limit) for a second to count the CPU it spends per sample (queues,
+  shared memory, bookkeeping included) and what each forked worker adds to the tree's PSS.
   A fetch whose wall time exceeds its CPU time waits (storage, network, sleeps): that share is
   what lets workers outnumber the cores.
 * the step's rate per batch size and thread count is the ceiling measurement's
@@ -76,7 +77,7 @@ class PipelineProfile:
     for a CPU (``/proc/thread-self/schedstat``): load, not I/O. ``collate_s``, ``ipc_dump_s``,
     ``ipc_load_s`` and ``transfer_s`` are per sample (a batch's cost over its samples);
     ``loader_main_cpu_s`` and ``loader_worker_cpu_s`` are the CPU seconds per sample a real
-    two-worker DataLoader spent without a step, in its main process and in its workers
+    DataLoader (``loader_workers``) spent without a step, in its main process and in its workers
     (everything included); ``step_rates`` and ``step_cpu_s`` are per thread count and batch
     value; ``samples_per_batch`` maps each batch value to its samples (a token budget packs a
     varying number). ``knob_costs`` holds, per other knob value (:func:`knob_key`), its own
@@ -104,6 +105,12 @@ class PipelineProfile:
     loader_worker_cpu_s: float = 0.0
     fetch_runqueue_s: float = 0.0
     knob_costs: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    worker_fork_bytes: float = 0.0
+    """What one forked DataLoader worker adds to the tree's PSS (the real loader's)."""
+    loader_workers: int = 2
+    """The workers of the real loader the ``loader_*`` figures come from (prefetch 2)."""
+    step_peak_bytes: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    """Per batch value: the main process's peak with the step and no workers (the ceiling's)."""
 
     @property
     def io_wait_share(self) -> float:
@@ -145,6 +152,7 @@ class PipelineProfile:
         """JSON-safe (mapping keys as text, as a study attr stores them)."""
         attrs = dataclasses.asdict(self)
         attrs["samples_per_batch"] = {str(k): v for k, v in self.samples_per_batch.items()}
+        attrs["step_peak_bytes"] = {str(k): v for k, v in self.step_peak_bytes.items()}
         for name in ("step_rates", "step_cpu_s"):
             table = getattr(self, name)
             attrs[name] = {str(t): {str(b): v for b, v in row.items()} for t, row in table.items()}
@@ -160,6 +168,9 @@ class PipelineProfile:
             values[name] = {
                 int(t): {int(b): float(v) for b, v in row.items()} for t, row in attrs[name].items()
             }
+        values["step_peak_bytes"] = {
+            int(k): float(v) for k, v in attrs.get("step_peak_bytes", {}).items()
+        }
         values["knob_costs"] = {
             str(key): {str(name): float(v) for name, v in costs.items()}
             for key, costs in attrs.get("knob_costs", {}).items()

@@ -15,12 +15,19 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner._attrs import remeasured
-from tuner._naming import CEILING_ATTR, STEP_CPU_ATTR, STEP_RATES_ATTR
+from tuner._naming import (
+    CEILING_ATTR,
+    STEP_CPU_ATTR,
+    STEP_PEAK_ATTR,
+    STEP_RATES_ATTR,
+    is_memory_reason,
+)
 from tuner.insight._summary import best_trial, efficiency, trial_throughput
 from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
 from tuner.run._tools import make_job
 from tuner.search._space import SearchSpace
+from tuner.trial._outcome import TrialOutcome
 from tuner.trial._protocol import Mode
 from tuner.trial._supervisor import Supervisor
 
@@ -87,9 +94,8 @@ def study_ceiling(
     """The study's ``ceiling_samples_per_sec``: the step alone on prepared data, measured once,
     over every batch value of ``space`` and at one and all intra-op threads."""
 
-    def measure() -> float | None:
+    def run(batches: list[int]) -> TrialOutcome:
         config = prepared.config
-        batches = space.batch_choices()
         job = make_job(prepared, space.main_process_settings(batches[-1])).replace(
             mode=Mode.CEILING,
             batches=tuple(batches),
@@ -97,13 +103,23 @@ def study_ceiling(
             window_s=min(config.trial_seconds, CEILING_WINDOW_S),
             warmup_s=min(config.warmup_seconds, CEILING_WINDOW_S / 2),
         )
-        outcome = supervisor.run(job, trial_deadline(config) * 2)
+        return supervisor.run(job, trial_deadline(config) * 2)
+
+    def measure() -> float | None:
+        config = prepared.config
+        batches = space.batch_choices()
+        outcome = run(batches)
+        # Under a tight limit the largest batch the probe let through can still cross it with
+        # the step's other thread count: the ceiling is then measured without it.
+        while outcome.state == "pruned" and is_memory_reason(outcome.reason) and len(batches) > 1:
+            batches = batches[:-1]
+            outcome = run(batches)
         if outcome.state != "complete":
             _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
             return None
         # The step's rate and CPU time per batch and thread count, for the pipeline profile:
         # measured with the ceiling, stored once with it.
-        for key in (STEP_RATES_ATTR, STEP_CPU_ATTR):
+        for key in (STEP_RATES_ATTR, STEP_CPU_ATTR, STEP_PEAK_ATTR):
             if key in outcome.attrs:
                 once_per_study(study, config.storage, key, lambda key=key: outcome.attrs[key])
         return float(outcome.attrs[CEILING_ATTR])

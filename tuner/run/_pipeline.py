@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from storage import storage_lock
 from tuner._attrs import has_settings, remeasured, trial_settings
-from tuner._naming import STEP_CPU_ATTR, STEP_RATES_ATTR
+from tuner._naming import STEP_CPU_ATTR, STEP_PEAK_ATTR, STEP_RATES_ATTR, is_memory_reason
 from tuner.insight._diagnosis import diagnose_trial
 from tuner.insight._summary import best_trial, trial_throughput
 from tuner.pipeline import (
@@ -92,6 +92,9 @@ def profile_pipeline(
         knob_variants=space.knob_variants(),
     )
     outcome = supervisor.run(job, trial_deadline(prepared.config))
+    if outcome.state == "pruned" and is_memory_reason(outcome.reason):
+        # Under a tight limit two workers may not fit: one worker gives the same figures.
+        outcome = supervisor.run(job.replace(loader_workers=1), trial_deadline(prepared.config))
     if outcome.state != "complete":
         _log.warning("pipeline not profiled: %s", outcome.error or outcome.reason)
         return None
@@ -101,6 +104,7 @@ def profile_pipeline(
             "usable_cores": float(prepared.fingerprint.usable_cpus),
             "step_rates": attrs[STEP_RATES_ATTR],
             "step_cpu_s": attrs[STEP_CPU_ATTR],
+            "step_peak_bytes": attrs.get(STEP_PEAK_ATTR, {}),
         }
     )
     with storage_lock(prepared.config.storage, prepared.study_name):

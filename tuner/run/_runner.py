@@ -26,6 +26,7 @@ from tuner.run._walls import (
     PREDICTED_PEAK_ATTR,
     RETEST_ATTR,
     WallVerdict,
+    prior_memory_figures,
     wall_verdict,
 )
 from tuner.search._settings import LoaderSettings
@@ -152,7 +153,9 @@ class TrialRunner:
         except ValueError as error:  # "Cannot set different distribution kind ..." and kin
             raise SearchSpaceChanged(str(error)) from None
         trials = with_retry(lambda: study.get_trials(deepcopy=False), "reading trials")
-        walls = wall_verdict(trials, settings, self.supervisor.guard.limits.host_bytes)
+        profile = self.model.profile if self.model is not None else None
+        prior = prior_memory_figures(profile, settings.knobs)
+        walls = wall_verdict(trials, settings, self.supervisor.guard.limits.host_bytes, prior)
         if "baseline" not in trial.user_attrs:
             answered = _answer_from_storage(trials, settings, walls)
             if answered is not None:

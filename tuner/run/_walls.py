@@ -20,13 +20,21 @@ an error over 15%. Such a prune makes no wall either.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner._attrs import has_settings, trial_settings
 from tuner._naming import is_memory_reason
-from tuner.search._memory_model import MemoryFigures, fit_memory_figures, predicted_peak_bytes
+from tuner.pipeline import PipelineProfile
+from tuner.search._memory_model import (
+    MemoryFigures,
+    fit_memory_figures,
+    predicted_peak_bytes,
+    prior_figures,
+)
 from tuner.search._settings import LoaderSettings
 
 __all__ = [
@@ -36,6 +44,7 @@ __all__ = [
     "WallVerdict",
     "memory_figures",
     "memory_walls",
+    "prior_memory_figures",
     "wall_verdict",
 ]
 
@@ -81,10 +90,28 @@ def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, Load
     ]
 
 
-def memory_figures(
-    trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings
+def prior_memory_figures(
+    profile: PipelineProfile | None, knobs: Mapping[str, Any]
 ) -> MemoryFigures | None:
-    """The model's figures for ``settings``' knobs, fitted to the complete trials (all knobs)."""
+    """The model's figures before the trials can give them: from the pipeline profile (the
+    ceiling's main-process peaks per batch, a real loader's forked worker, ``knobs``' sample
+    bytes, the queue of its real loader's workers at prefetch 2, as the fitted model's is the
+    deepest queue the trials measured); None without a profile that has them."""
+    if profile is None:
+        return None
+    own = profile.for_knobs(knobs)
+    return prior_figures(
+        own.step_peak_bytes, own.worker_fork_bytes, own.sample_bytes, 2.0 * own.loader_workers
+    )
+
+
+def memory_figures(
+    trials: list[optuna.trial.FrozenTrial],
+    settings: LoaderSettings,
+    prior: MemoryFigures | None = None,
+) -> MemoryFigures | None:
+    """The model's figures for ``settings``' knobs, fitted to the complete trials (all knobs);
+    ``prior`` until there are enough of them."""
     observations = []
     for trial in trials:
         attrs = trial.user_attrs
@@ -92,7 +119,8 @@ def memory_figures(
         if trial.state != TrialState.COMPLETE or peak is None or "repeat_of" in attrs:
             continue
         observations.append((trial_settings(trial), float(peak)))
-    return fit_memory_figures(observations, settings.knobs)
+    fitted = fit_memory_figures(observations, settings.knobs)
+    return fitted if fitted is not None else prior
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +137,14 @@ class WallVerdict:
 
 
 def wall_verdict(
-    trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings, host_limit_bytes: int
+    trials: list[optuna.trial.FrozenTrial],
+    settings: LoaderSettings,
+    host_limit_bytes: int,
+    prior: MemoryFigures | None = None,
 ) -> WallVerdict:
-    figures = memory_figures(trials, settings)
+    """The walls' and the model's verdict on ``settings`` (``prior``: the figures until the
+    trials give their own, :func:`prior_memory_figures`)."""
+    figures = memory_figures(trials, settings, prior)
     predicted = predicted_peak_bytes(settings, figures) if figures is not None else None
     fits = predicted is not None and predicted < RETEST_BELOW_FRACTION * host_limit_bytes
     retested = {trial.user_attrs.get(RETEST_ATTR) for trial in trials}

@@ -30,7 +30,7 @@ import numpy as np
 
 from tuner.search._settings import LoaderSettings
 
-__all__ = ["MemoryFigures", "fit_memory_figures", "predicted_peak_bytes"]
+__all__ = ["MemoryFigures", "fit_memory_figures", "predicted_peak_bytes", "prior_figures"]
 
 SPARE_OBSERVATIONS = 1
 """Observations beyond the figures fitted: as many as figures would fit anything exactly."""
@@ -68,6 +68,23 @@ def predicted_peak_bytes(settings: LoaderSettings, figures: MemoryFigures) -> in
         + settings.num_workers * figures.worker_bytes
         + settings.batch * (step + in_flight * figures.sample_bytes)
     )
+
+
+def prior_figures(
+    step_peaks: Mapping[int, float], worker_bytes: float, sample_bytes: float, in_flight: float
+) -> MemoryFigures | None:
+    """Figures measured before any trial: the main process and the step from the peaks of the
+    main process alone per batch value (a line through them), a worker's and a sample's bytes
+    as given, the queue no deeper than ``in_flight`` batches (what was measured). None with
+    fewer than two batch values, or a line that says the step or the main process is free."""
+    if len(step_peaks) < 2 or worker_bytes <= 0 or sample_bytes <= 0:
+        return None
+    batches = np.array(sorted(step_peaks), dtype=float)
+    peaks = np.array([step_peaks[int(b)] for b in batches], dtype=float)
+    step, main = np.polyfit(batches, peaks, 1)
+    if main <= 0 or step < MIN_SAMPLE_BYTES:
+        return None
+    return MemoryFigures(float(main), worker_bytes, sample_bytes, float(step), in_flight)
 
 
 def _knobs_key(knobs: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

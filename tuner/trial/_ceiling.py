@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from objectives import Workload, move_to_device
+from tuner.machine._process import own_peak_memory_bytes
 from tuner.search._settings import LoaderSettings
 from tuner.trial._measure import count_samples, synchronize
 
@@ -91,6 +92,10 @@ class StepRates:
 
     rates: dict[int, dict[int, float]]
     cpu_s: dict[int, dict[int, float]]
+    peak_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Per batch value: the process's peak memory once its steps ran (PSS, estimated by
+    :func:`~tuner.machine._process.own_peak_memory_bytes`): the main process with the step's
+    batch and activations, no workers. What the memory model starts from."""
 
     @property
     def ceiling(self) -> float:
@@ -122,6 +127,7 @@ def measure_step_rates(
     counts = list(threads or [settings.torch_num_threads])
     rates: dict[int, dict[int, float]] = {count: {} for count in counts}
     cpu: dict[int, dict[int, float]] = {count: {} for count in counts}
+    peaks: dict[int, int] = {}
     best = 0.0
     for size in sorted(batches or [settings.batch]):
         sized = dataclasses.replace(settings, batch=size)
@@ -131,6 +137,9 @@ def measure_step_rates(
             rates[count][size], cpu[count][size] = _step_rate(
                 workload, batch, sized, device, window_s, warmup_s, min_steps
             )
+        peak = own_peak_memory_bytes()
+        if peak is not None:
+            peaks[size] = peak
         del batch
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -138,4 +147,4 @@ def measure_step_rates(
         if here < CLIMB_STOP_FRACTION * best:
             break
         best = max(best, here)
-    return StepRates(rates, cpu)
+    return StepRates(rates, cpu, peaks)

@@ -25,7 +25,7 @@ import torch
 
 from objectives import Workload, load_workload
 from tuner._lifeline import kill_group_when_gone
-from tuner._naming import CEILING_ATTR, STEP_CPU_ATTR, STEP_RATES_ATTR
+from tuner._naming import CEILING_ATTR, STEP_CPU_ATTR, STEP_PEAK_ATTR, STEP_RATES_ATTR
 from tuner.trial._ceiling import measure_step_rates
 from tuner.trial._measure import measure, synchronize
 from tuner.trial._outcome import classify_error, one_line
@@ -94,6 +94,7 @@ def _ceiling(conn: Connection, job: Job) -> None:
         CEILING_ATTR: steps.ceiling,
         STEP_RATES_ATTR: _text_keys(steps.rates),
         STEP_CPU_ATTR: _text_keys(steps.cpu_s),
+        STEP_PEAK_ATTR: {str(b): v for b, v in steps.peak_bytes.items()},
     }
     conn.send(Result(attrs))
 
@@ -113,6 +114,7 @@ def _pipeline(conn: Connection, job: Job) -> None:
         budget_s=job.budget_s,
         knobs=job.settings.knobs,
         knob_variants=job.knob_variants,
+        loader_workers=job.loader_workers,
     )
     conn.send(Result(attrs))
 

@@ -23,6 +23,7 @@ import torch.multiprocessing  # registers the tensor reductions a worker queue p
 from torch.utils.data import DataLoader, default_collate
 
 from objectives import Workload, move_to_device
+from tuner.machine._process import process_tree_memory_bytes
 from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
 from tuner.search._settings import LoaderSettings
 from tuner.trial._ceiling import measure_step_rates
@@ -138,19 +139,23 @@ def samples_per_batch(workload: Workload, batches: Sequence[int], seed: int) -> 
 
 def _loader_cpu_s(
     workload: Workload, batch: int, seed: int, budget_s: float, workers: int = 2
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """CPU seconds per sample of a real DataLoader (``workers`` workers, no step): in the main
-    process and in the workers, counted from the first batch for about ``budget_s``."""
+    process and in the workers, counted from the first batch for about ``budget_s``; and what
+    each worker added to the tree's PSS (the lower of two readings, outside the timed part,
+    so the fewest batches in flight)."""
     # Persistent: the workers outlive an epoch that ends early, so their CPU can still be read.
     settings = LoaderSettings(
         batch=batch, num_workers=workers, prefetch_factor=2, persistent_workers=True
     )
     loader = DataLoader(workload.dataset, **settings.build_dataloader_kwargs(workload, seed))
     me = psutil.Process()
+    alone = process_tree_memory_bytes(me.pid) or 0
     iterator = iter(loader)
     try:
         next(iterator)
         children = me.children()
+        readings = [process_tree_memory_bytes(me.pid) or 0]
         before = sum(_cpu_s(child) for child in children)
         main_before, started, samples = time.process_time(), time.perf_counter(), 0
         for batch_value in iterator:
@@ -159,11 +164,13 @@ def _loader_cpu_s(
                 break
         main_s = time.process_time() - main_before
         workers_s = max(0.0, sum(_cpu_s(child) for child in children) - before)
+        readings.append(process_tree_memory_bytes(me.pid) or 0)
     finally:
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
-    return main_s / max(1, samples), workers_s / max(1, samples)
+    fork_bytes = max(0.0, (min(readings) - alone) / workers)
+    return main_s / max(1, samples), workers_s / max(1, samples), fork_bytes
 
 
 def _cpu_s(process: psutil.Process) -> float:
@@ -192,6 +199,7 @@ def _sample_costs(
     seed: int,
     budget_s: float,
     max_batches: int,
+    loader_workers: int = 2,
 ) -> tuple[dict[str, Any], Any]:
     """One knob set's per-sample costs (stand-in worker, transfer, a real loader's CPU) and
     the last batch the stand-in worker made."""
@@ -214,11 +222,14 @@ def _sample_costs(
         worker.join(timeout=10)
         if worker.is_alive():
             worker.kill()
-    main_cpu_s, worker_cpu_s = _loader_cpu_s(workload, batch, seed, budget_s)
+    main_cpu_s, worker_cpu_s, fork_bytes = _loader_cpu_s(
+        workload, batch, seed, budget_s, loader_workers
+    )
     costs = {
         **stats,
         "loader_main_cpu_s": main_cpu_s,
         "loader_worker_cpu_s": worker_cpu_s,
+        "worker_fork_bytes": fork_bytes,
         "transfer_s": _transfer_s(last, device, len(plan[0])),
         "worker_start_s": worker_start_s,
     }
@@ -256,6 +267,7 @@ def measure_pipeline(
     max_batches: int = 64,
     knobs: Mapping[str, Any] | None = None,
     knob_variants: Sequence[tuple[str, Any]] = (),
+    loader_workers: int = 2,
 ) -> dict[str, Any]:
     """The profile's measured part (all but the step's rates and the cores), as attrs.
 
@@ -263,13 +275,16 @@ def measure_pipeline(
     space holds, for ``samples_per_batch``. At least three batches are fetched, more while
     ``budget_s`` lasts. Each ``(knob, value)`` of ``knob_variants`` is profiled again with
     ``value`` over ``knobs`` (the base knobs ``workload`` runs with), at half the budget, with
-    its step's time against the base's (``knob_costs``).
+    its step's time against the base's (``knob_costs``). The real DataLoader runs
+    ``loader_workers`` workers at prefetch 2.
     """
-    costs, _ = _sample_costs(workload, batch, device, seed, budget_s, max_batches)
+    costs, _ = _sample_costs(workload, batch, device, seed, budget_s, max_batches, loader_workers)
     knob_costs = {}
     for name, value in knob_variants:
         variant = workload.with_knobs({**(knobs or {}), name: value})
-        own, _ = _sample_costs(variant, batch, device, seed, budget_s / 2, max_batches)
+        own, _ = _sample_costs(
+            variant, batch, device, seed, budget_s / 2, max_batches, loader_workers
+        )
         knob_costs[knob_key(name, value)] = {
             **{field: float(own[field]) for field in KNOB_COST_FIELDS},
             STEP_TIME_RATIO: _step_time_ratio(workload, variant, batch, device, seed),
@@ -277,6 +292,7 @@ def measure_pipeline(
     return {
         **costs,
         "knob_costs": knob_costs,
+        "loader_workers": loader_workers,
         "samples_per_batch": {
             str(k): v for k, v in samples_per_batch(workload, batches, seed).items()
         },

@@ -52,6 +52,8 @@ class Job:
     """The pipeline profile's time budget per measurement."""
     knob_variants: tuple[tuple[str, Any], ...] = ()
     """The pipeline profile's other knob values ``(knob, value)``, each profiled on its own."""
+    loader_workers: int = 2
+    """The pipeline profile's real DataLoader: its workers (CPU per sample, a worker's memory)."""
     cwd: str | None = None
     """The study's working directory, so relative paths in a workload mean the same there."""
     sys_path: tuple[str, ...] = ()

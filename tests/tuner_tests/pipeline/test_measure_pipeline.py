@@ -25,6 +25,7 @@ def test_a_fetch_that_waits_on_storage_shows_its_wait_share() -> None:
     assert attrs["samples_per_batch"] == {"8": 8.0, "16": 16.0, "32": 32.0}
     assert attrs["worker_start_s"] > 0 and attrs["dataset_samples"] == 256
     assert attrs["loader_worker_cpu_s"] >= 0 and attrs["loader_main_cpu_s"] >= 0
+    assert 0 < attrs["worker_fork_bytes"] < attrs["worker_pss_bytes"]
 
 
 def test_a_fetch_that_computes_has_no_wait_share() -> None:
