@@ -13,8 +13,11 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.pipeline._profile import KNOB_COST_FIELDS, knob_key
 from tuner.run._runner import _answer_from_storage, measured_twin
 from tuner.run._walls import (
+    MODEL_RETEST_ATTR,
     PREDICTED_PEAK_ATTR,
     RETEST_ATTR,
+    WallVerdict,
+    calibrated_prior,
     memory_walls,
     prior_memory_figures,
     wall_verdict,
@@ -149,7 +152,7 @@ def test_the_profiles_prior_prunes_before_the_trials_give_figures_then_gives_way
     assert verdict.predicted_peak_bytes == predicted_peak_bytes(over, prior)
     assert not verdict.over_limit
     huge = dataclasses.replace(prior, worker_bytes=200 * MiB)
-    assert wall_verdict(early, over, LIMIT, huge).over_limit
+    assert wall_verdict([], over, LIMIT, huge).over_limit
     # Once the trials fit figures of their own, those decide.
     fitted = wall_verdict(measured(), over, LIMIT, huge)
     assert fitted.predicted_peak_bytes == predicted_peak_bytes(over, FIGURES)
@@ -173,3 +176,45 @@ def test_the_prior_comes_from_the_profiles_memory_for_the_settings_knobs() -> No
     assert prior_memory_figures(profile, {})
     assert prior_memory_figures(_profile(), knobs) is None  # an older profile: no memory
     assert prior_memory_figures(None, knobs) is None
+
+
+def test_the_prior_is_scaled_by_measured_over_predicted_at_the_nearest_complete_trial() -> None:
+    doubled = MemoryFigures(400 * MiB, 40 * MiB, 1 * MiB)  # twice what the trials measure
+    early = measured()[:3]
+    candidate = setting(2, 32, 2)
+    assert wall_verdict([], candidate, LIMIT, doubled).predicted_peak_bytes == (
+        predicted_peak_bytes(candidate, doubled)
+    )
+    scaled = wall_verdict(early, candidate, LIMIT, doubled).predicted_peak_bytes
+    assert scaled == pytest.approx(predicted_peak_bytes(candidate, FIGURES), abs=1)
+    over = setting(4, 256, 2)  # doubled: 2864 MiB; as measured: 1432 MiB, still over
+    assert wall_verdict([], over, LIMIT, doubled).over_limit
+    assert wall_verdict(early, over, LIMIT, doubled).over_limit
+    # Nearest the candidate is a trial that measured a quarter of the prior: it decides.
+    low = trial(3, setting(2, 32, 2), TrialState.COMPLETE, peak_host_memory_bytes=180 * MiB)
+    near = calibrated_prior(doubled, setting(2, 64, 2), [(setting(2, 32, 2), 180.0 * MiB)])
+    assert near.main_bytes == pytest.approx(400 * MiB * 180 / 640)
+    assert not wall_verdict([*early, low], setting(4, 64, 2), LIMIT, doubled).over_limit
+
+
+def test_a_setting_the_model_pruned_unrun_runs_under_the_guard_when_proposed_again() -> None:
+    over = setting(4, 256, 2)
+    skipped = trial(5, over, TrialState.PRUNED, pruned_reason="memory_model")
+    verdict = wall_verdict([*measured(), skipped], over, LIMIT)
+    assert (verdict.over_limit, verdict.model_retest_of) == (False, 5)
+    assert _answer_from_storage([*measured(), skipped], over, verdict) is None  # it runs
+    retest = guard_pruned(6, over, predicted=True)
+    retest.user_attrs[MODEL_RETEST_ATTR] = 5
+    third = wall_verdict([*measured(), skipped, retest], over, LIMIT)
+    assert third.over_limit and third.model_retest_of is None  # tested once: pruned again
+    other = wall_verdict([*measured(), skipped], setting(4, 256, 3), LIMIT)
+    assert other.over_limit  # another setting's first proposal is the model's to prune
+
+
+def test_what_was_measured_answers_before_any_prediction() -> None:
+    over = setting(4, 256, 2)
+    measured_once = trial(0, over, TrialState.COMPLETE, peak_host_memory_bytes=900 * MiB)
+    said_over = WallVerdict(2000 * MiB, over_limit=True)
+    answered = _answer_from_storage([measured_once], over, said_over)
+    assert answered is not None and answered.state == "complete"
+    assert answered.attrs["repeat_of"] == 0

@@ -27,7 +27,13 @@ from tuner.pipeline._profile import (
     store_profile,
     stored_profile,
 )
-from tuner.pipeline._refine import Proposal, next_setting, setting_key, worker_steps
+from tuner.pipeline._refine import (
+    Proposal,
+    nearest_ratio,
+    next_setting,
+    setting_key,
+    worker_steps,
+)
 
 __all__ = [
     "PROFILE_ATTR",
@@ -38,6 +44,7 @@ __all__ = [
     "candidate_setting",
     "memory_max_workers",
     "model_attrs",
+    "nearest_ratio",
     "next_setting",
     "predict",
     "predicted_best",

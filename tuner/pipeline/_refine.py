@@ -37,6 +37,7 @@ __all__ = [
     "IMPROVE_FRACTION",
     "Proposal",
     "corrected_prediction",
+    "nearest_ratio",
     "next_setting",
     "setting_key",
     "worker_ladder",
@@ -116,12 +117,19 @@ def corrected_prediction(
 ) -> float:
     """The model's samples/sec for ``settings`` times measured/predicted at the nearest
     measured setting(s) (the median of those equally near); the model alone without any."""
-    predicted = predict(profile, settings).samples_per_sec
+    return predict(profile, settings).samples_per_sec * nearest_ratio(settings, ratios)
+
+
+def nearest_ratio(
+    settings: LoaderSettings, ratios: Sequence[tuple[LoaderSettings, float]]
+) -> float:
+    """Measured/predicted at the measured setting(s) nearest ``settings`` (the median of those
+    equally near); 1.0 without any: how a model's prediction is corrected by measurements."""
     if not ratios:
-        return predicted
+        return 1.0
     distances = [(_distance(settings, other), ratio) for other, ratio in ratios]
     nearest = min(distance for distance, _ in distances)
-    return predicted * statistics.median(r for d, r in distances if d <= nearest + 1e-9)
+    return statistics.median(r for d, r in distances if d <= nearest + 1e-9)
 
 
 def _threads(space: SearchSpace) -> list[int]:

@@ -23,6 +23,7 @@ from tuner.insight._summary import efficiency
 from tuner.machine._gpu import GpuReader
 from tuner.pipeline import PipelineModel, model_attrs
 from tuner.run._walls import (
+    MODEL_RETEST_ATTR,
     PREDICTED_PEAK_ATTR,
     RETEST_ATTR,
     WallVerdict,
@@ -81,14 +82,16 @@ def measured_twin(
 def _answer_from_storage(
     trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings, walls: WallVerdict
 ) -> TrialOutcome | None:
-    """The outcome of ``settings`` known without running it: beyond a memory wall, over the
-    limit by the memory model, or a repeat."""
-    if walls.dominated_by is not None:
-        return TrialOutcome("pruned", {"dominated_by": walls.dominated_by}, reason="memory_wall")
-    if walls.over_limit:
-        return TrialOutcome("pruned", _wall_attrs(walls), reason="memory_model")
+    """The outcome of ``settings`` known without running it: a repeat (what was measured comes
+    before any prediction), beyond a memory wall, or over the limit by the memory model."""
     twin = measured_twin(trials, settings)
     if twin is None:
+        if walls.dominated_by is not None:
+            return TrialOutcome(
+                "pruned", {"dominated_by": walls.dominated_by}, reason="memory_wall"
+            )
+        if walls.over_limit:
+            return TrialOutcome("pruned", _wall_attrs(walls), reason="memory_model")
         return None
     attrs = {k: v for k, v in twin.user_attrs.items() if k not in REPEAT_ATTRS_SKIPPED}
     attrs["repeat_of"] = twin.number
@@ -104,6 +107,8 @@ def _wall_attrs(walls: WallVerdict) -> dict[str, int]:
         attrs[PREDICTED_PEAK_ATTR] = walls.predicted_peak_bytes
     if walls.retest_of is not None:
         attrs[RETEST_ATTR] = walls.retest_of
+    if walls.model_retest_of is not None:
+        attrs[MODEL_RETEST_ATTR] = walls.model_retest_of
     return attrs
 
 

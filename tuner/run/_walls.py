@@ -26,9 +26,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner._attrs import has_settings, trial_settings
+from tuner._attrs import has_settings, stored_settings, trial_settings
 from tuner._naming import is_memory_reason
-from tuner.pipeline import PipelineProfile
+from tuner.pipeline import PipelineProfile, nearest_ratio
 from tuner.search._memory_model import (
     MemoryFigures,
     fit_memory_figures,
@@ -39,9 +39,11 @@ from tuner.search._settings import LoaderSettings
 
 __all__ = [
     "MODEL_PRUNE_FRACTION",
+    "MODEL_RETEST_ATTR",
     "PREDICTED_PEAK_ATTR",
     "RETEST_ATTR",
     "WallVerdict",
+    "calibrated_prior",
     "memory_figures",
     "memory_walls",
     "prior_memory_figures",
@@ -53,6 +55,11 @@ PREDICTED_PEAK_ATTR = "predicted_peak_host_memory_bytes"
 
 RETEST_ATTR = "retest_of_wall"
 """Trial user attr: the wall this trial re-tests (it is dominated by it, the model says it fits)."""
+
+MODEL_RETEST_ATTR = "retest_of_memory_model"
+"""Trial user attr: the earlier trial of this setting the memory model pruned unrun; proposed
+again, the setting runs once under the guard (the sampler learns nothing from a trial that did
+not run, and proposed one setting the model wrongly put over the limit 6 and 11 times)."""
 
 RETEST_BELOW_FRACTION = 0.9
 """The model must put a dominated setting this far below the limit to re-test its wall."""
@@ -111,7 +118,8 @@ def memory_figures(
     prior: MemoryFigures | None = None,
 ) -> MemoryFigures | None:
     """The model's figures for ``settings``' knobs, fitted to the complete trials (all knobs);
-    ``prior`` until there are enough of them."""
+    until there are enough of them, ``prior`` scaled by measured/predicted at the nearest
+    complete trial (:func:`calibrated_prior`)."""
     observations = []
     for trial in trials:
         attrs = trial.user_attrs
@@ -120,7 +128,40 @@ def memory_figures(
             continue
         observations.append((trial_settings(trial), float(peak)))
     fitted = fit_memory_figures(observations, settings.knobs)
-    return fitted if fitted is not None else prior
+    if fitted is not None or prior is None:
+        return fitted
+    return calibrated_prior(prior, settings, observations)
+
+
+def calibrated_prior(
+    prior: MemoryFigures,
+    settings: LoaderSettings,
+    observations: list[tuple[LoaderSettings, float]],
+) -> MemoryFigures:
+    """``prior`` times measured/predicted at the complete trial nearest ``settings``.
+
+    The prior's main process and step come from the ceiling's high-water marks, which hold the
+    largest RSS its process ever reached, shared pages whole, while a trial's peak is its
+    sampled PSS: on image the ceiling's line rose 1.2 MiB per sample against 0.55-0.8 in the
+    trials, and uncorrected the prior pruned 23 settings that held under 90% of the limit in
+    12 studies (docs/benchmarks.md). Its figures are one line, so scaling them scales the
+    prediction.
+    """
+    ratios = [
+        (measured, peak / predicted)
+        for measured, peak in observations
+        if (predicted := predicted_peak_bytes(measured, prior)) > 0
+    ]
+    ratio = nearest_ratio(settings, ratios)
+    return dataclasses.replace(
+        prior,
+        main_bytes=prior.main_bytes * ratio,
+        worker_bytes=prior.worker_bytes * ratio,
+        sample_bytes=prior.sample_bytes * ratio,
+        step_sample_bytes=None
+        if prior.step_sample_bytes is None
+        else prior.step_sample_bytes * ratio,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +175,9 @@ class WallVerdict:
     """The wall the setting re-tests: run it."""
     over_limit: bool = False
     """No wall stands against it, but the model puts its peak 5% over the limit: prune it unrun."""
+    model_retest_of: int | None = None
+    """The model puts it over the limit again, but pruned it unrun once already (that trial):
+    run it under the guard, as a prediction the guard made once is tested once."""
 
 
 def wall_verdict(
@@ -155,4 +199,17 @@ def wall_verdict(
             return WallVerdict(predicted, retest_of=wall_number)
         return WallVerdict(predicted, dominated_by=wall_number)
     over = predicted is not None and predicted >= MODEL_PRUNE_FRACTION * host_limit_bytes
+    skipped = _model_skip(trials, settings) if over else None
+    if skipped is not None and skipped not in {t.user_attrs.get(MODEL_RETEST_ATTR) for t in trials}:
+        return WallVerdict(predicted, model_retest_of=skipped)
     return WallVerdict(predicted, over_limit=over)
+
+
+def _model_skip(trials: list[optuna.trial.FrozenTrial], settings: LoaderSettings) -> int | None:
+    """The first trial of exactly ``settings`` the model pruned unrun, if any."""
+    wanted = settings.to_attrs()
+    for trial in trials:
+        skipped = trial.user_attrs.get("pruned_reason") == "memory_model"
+        if skipped and stored_settings(trial) == wanted:
+            return trial.number
+    return None
