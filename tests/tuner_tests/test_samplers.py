@@ -59,3 +59,29 @@ def test_gp_finds_the_top_of_a_conditional_space() -> None:
 
     study.optimize(objective, n_trials=14)
     assert study.best_value >= 8
+
+
+def _study_with_a_wall(seed: int, n_trials: int = 20) -> list[tuple[int, int] | None]:
+    """Maximize workers + batch where the sum 12 and over is pruned unrun (a memory model's
+    prune), as the tuner answers it: each trial's (workers, batch), None where it ran."""
+    study = optuna.create_study(direction="maximize", sampler=make_sampler("gp", seed))
+    unrun: list[tuple[int, int] | None] = []
+    for _ in range(n_trials):
+        trial = study.ask()
+        setting = (trial.suggest_int("num_workers", 0, 8), trial.suggest_int("batch", 1, 8))
+        if sum(setting) >= 12:
+            trial.set_user_attr("pruned_reason", "memory_model")
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            unrun.append(setting)
+        else:
+            study.tell(trial, float(sum(setting)))
+            unrun.append(None)
+    return unrun
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gp_does_not_propose_again_what_the_study_answered_without_running(seed: int) -> None:
+    """The Gaussian process alone proposed one pruned setting on 14 of these 20 trials."""
+    unrun = [setting for setting in _study_with_a_wall(seed) if setting is not None]
+    assert len(unrun) <= 8
+    assert max(unrun.count(setting) for setting in unrun) <= 2
