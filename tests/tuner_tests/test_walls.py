@@ -127,7 +127,7 @@ def test_a_setting_stopped_twice_on_a_prediction_is_not_run_a_third_time() -> No
 
 
 def test_the_model_prunes_unrun_a_setting_it_puts_over_the_limit_without_a_wall() -> None:
-    over = setting(4, 256, 2)  # 200 + 80 + 256 * 9 * 0.5 MiB = 1432 MiB: over 1000 MiB
+    over = setting(4, 512, 2)  # 200 + 80 + 512 * (1 + 4) * 0.5 MiB = 1560 MiB before any queue
     verdict = wall_verdict(measured(), over, LIMIT)
     assert verdict.over_limit and verdict.dominated_by is None
     answered = _answer_from_storage(measured(), over, verdict)
@@ -141,6 +141,16 @@ def test_the_model_prunes_unrun_a_setting_it_puts_over_the_limit_without_a_wall(
     assert _answer_from_storage(measured(), fits, wall_verdict(measured(), fits, LIMIT)) is None
     # Without enough measured trials there is no model, and nothing is pruned on it.
     assert not wall_verdict(measured()[:3], over, LIMIT).over_limit
+
+
+def test_a_full_queue_alone_does_not_prune_unrun() -> None:
+    """The queue fills batch by batch, where the step is the slower side: the guard sees it."""
+    queued = setting(4, 256, 2)  # workers' first batches: 920 MiB; the full queue: 1432 MiB
+    verdict = wall_verdict(measured(), queued, LIMIT)
+    assert not verdict.over_limit
+    assert verdict.predicted_peak_bytes == predicted_peak_bytes(queued, FIGURES)
+    assert verdict.predicted_peak_bytes > LIMIT
+    assert predicted_peak_bytes(queued, FIGURES, queue_full=False) == 920 * MiB
 
 
 def test_the_profiles_prior_prunes_before_the_trials_give_figures_then_gives_way() -> None:
@@ -187,7 +197,7 @@ def test_the_prior_is_scaled_by_measured_over_predicted_at_the_nearest_complete_
     )
     scaled = wall_verdict(early, candidate, LIMIT, doubled).predicted_peak_bytes
     assert scaled == pytest.approx(predicted_peak_bytes(candidate, FIGURES), abs=1)
-    over = setting(4, 256, 2)  # doubled: 2864 MiB; as measured: 1432 MiB, still over
+    over = setting(4, 512, 2)  # before a queue, doubled: 3120 MiB; as measured: 1560 MiB
     assert wall_verdict([], over, LIMIT, doubled).over_limit
     assert wall_verdict(early, over, LIMIT, doubled).over_limit
     # Nearest the candidate is a trial that measured a quarter of the prior: it decides.
@@ -198,7 +208,7 @@ def test_the_prior_is_scaled_by_measured_over_predicted_at_the_nearest_complete_
 
 
 def test_a_setting_the_model_pruned_unrun_runs_under_the_guard_when_proposed_again() -> None:
-    over = setting(4, 256, 2)
+    over = setting(4, 512, 2)
     skipped = trial(5, over, TrialState.PRUNED, pruned_reason="memory_model")
     verdict = wall_verdict([*measured(), skipped], over, LIMIT)
     assert (verdict.over_limit, verdict.model_retest_of) == (False, 5)
@@ -207,7 +217,7 @@ def test_a_setting_the_model_pruned_unrun_runs_under_the_guard_when_proposed_aga
     retest.user_attrs[MODEL_RETEST_ATTR] = 5
     third = wall_verdict([*measured(), skipped, retest], over, LIMIT)
     assert third.over_limit and third.model_retest_of is None  # tested once: pruned again
-    other = wall_verdict([*measured(), skipped], setting(4, 256, 3), LIMIT)
+    other = wall_verdict([*measured(), skipped], setting(4, 512, 3), LIMIT)
     assert other.over_limit  # another setting's first proposal is the model's to prune
 
 

@@ -9,8 +9,11 @@ unless the memory model, fitted to the peaks the study has measured, says it fit
 the limit; then it runs once as a re-test of that wall (user attr ``retest_of_wall``). A wall
 falls once any setting at least as large completes.
 
-The model also stops a setting no wall stands against: one whose predicted peak is 5% over the
-limit or more is pruned ``memory_model`` without running. The guard would stop it anyway once
+The model also stops a setting no wall stands against: one whose peak before any queue (each
+worker's first batch, none prefetched) the model puts 5% over the limit or more is pruned
+``memory_model`` without running. A queue fills a batch at a time, and only where the step is
+the slower side, so the guard sees it coming; counted full, it pruned image's 2 workers, batch
+64, prefetch 5, float at a predicted 521 MiB whose real peak was 304. The guard would stop it anyway once
 it came within 2% of the limit, but a setting whose workers fork and fill their prefetch queues
 within a fifth of a second can cross the limit between two readings. The margin against a model that
 overestimates: a setting pruned so really holding under 90% of the limit (a false alarm) takes
@@ -198,7 +201,8 @@ def wall_verdict(
         if fits and wall_number not in retested:
             return WallVerdict(predicted, retest_of=wall_number)
         return WallVerdict(predicted, dominated_by=wall_number)
-    over = predicted is not None and predicted >= MODEL_PRUNE_FRACTION * host_limit_bytes
+    fast = predicted_peak_bytes(settings, figures, queue_full=False) if figures else None
+    over = fast is not None and fast >= MODEL_PRUNE_FRACTION * host_limit_bytes
     skipped = _model_skip(trials, settings) if over else None
     if skipped is not None and skipped not in {t.user_attrs.get(MODEL_RETEST_ATTR) for t in trials}:
         return WallVerdict(predicted, model_retest_of=skipped)

@@ -59,10 +59,15 @@ def _in_flight(settings: LoaderSettings) -> float:
     return float(settings.num_workers * (settings.prefetch_factor or 0) * copies)
 
 
-def predicted_peak_bytes(settings: LoaderSettings, figures: MemoryFigures) -> int:
-    """The model's peak of the trial's process tree (PSS) for ``settings``."""
+def predicted_peak_bytes(
+    settings: LoaderSettings, figures: MemoryFigures, queue_full: bool = True
+) -> int:
+    """The model's peak of the trial's process tree (PSS) for ``settings``; with ``queue_full``
+    False, what forms before the guard's next readings: each worker's first batch, none queued
+    (the queue fills batch by batch, and only where the step is slower than the workers)."""
     step = figures.sample_bytes if figures.step_sample_bytes is None else figures.step_sample_bytes
-    in_flight = min(_in_flight(settings), figures.max_in_flight)
+    queued = _in_flight(settings) if queue_full else float(settings.num_workers)
+    in_flight = min(queued, figures.max_in_flight)
     return round(
         figures.main_bytes
         + settings.num_workers * figures.worker_bytes
