@@ -11,13 +11,13 @@ falls once any setting at least as large completes.
 
 The model also stops a setting no wall stands against: one whose peak before any queue (each
 worker's first batch, none prefetched) the model puts 5% over the limit or more is pruned
-``memory_model`` without running. A queue fills a batch at a time, and only where the step is
-the slower side, so the guard sees it coming; counted full, it pruned image's 2 workers, batch
-64, prefetch 5, float at a predicted 521 MiB whose real peak was 304. The guard would stop it anyway once
-it came within 2% of the limit, but a setting whose workers fork and fill their prefetch queues
-within a fifth of a second can cross the limit between two readings. The margin against a model that
-overestimates: a setting pruned so really holding under 90% of the limit (a false alarm) takes
-an error over 15%. Such a prune makes no wall either.
+``memory_model`` without running. The guard would stop it anyway once it came within 2% of the
+limit, but workers forking and their first batches can cross the limit between two readings. A
+queue fills a batch at a time, and only where the step is the slower side, so the guard sees it
+coming; counted full, it pruned image's 2 workers, batch 64, prefetch 5, float at a predicted
+521 MiB whose real peak was 304. The margin against a model that overestimates: a setting
+pruned so really holding under 90% of the limit (a false alarm) takes an error over 15%.
+Such a prune makes no wall either.
 """
 
 from __future__ import annotations
