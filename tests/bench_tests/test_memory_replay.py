@@ -50,8 +50,8 @@ def write_folder(folder: Path, trials: list[tuple[LoaderSettings, TrialState]]) 
 def test_a_setting_over_the_limit_after_enough_measured_ones_is_caught(tmp_path: Path) -> None:
     measured = [setting(0, 16), setting(1, 32), setting(2, 16, 4), setting(1, 64, 4)]
     measured.append(setting(0, 64))
-    over = setting(4, 256)  # 200 + 80 + 256 * 9 * 0.5 MiB = 1432 MiB
-    early = setting(4, 512)  # over too, but before the model has five settings to fit
+    over = setting(4, 512)  # before any queue: 200 + 80 + 512 * 5 * 0.5 MiB = 1560 MiB
+    early = setting(4, 1024)  # over too, but before the model has five settings to fit
     write_folder(
         tmp_path,
         [(early, TrialState.PRUNED)]
