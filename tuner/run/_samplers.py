@@ -13,7 +13,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
-from tuner._naming import SKIPPED_FOR_MEMORY_REASONS
+from tuner._naming import is_skipped_for_memory
 from tuner.search._pruner import BelowBestPruner
 
 __all__ = [
@@ -66,7 +66,7 @@ def answered_unrun(trial: optuna.trial.FrozenTrial) -> bool:
     a repeat of a setting that was stopped before."""
     attrs = trial.user_attrs
     return trial.state == TrialState.PRUNED and (
-        "repeat_of" in attrs or attrs.get("pruned_reason") in SKIPPED_FOR_MEMORY_REASONS
+        "repeat_of" in attrs or is_skipped_for_memory(attrs.get("pruned_reason"))
     )
 
 
@@ -93,9 +93,10 @@ class UnstuckGPSampler(optuna.samplers.BaseSampler):
         if trial._trial_id not in self._chosen:
             space = self._gp.infer_relative_search_space(study, trial)
             proposal = self._gp.sample_relative(study, trial, space) if space else {}
-            unrun = [t for t in study.get_trials(deepcopy=False) if answered_unrun(t)]
-            again = proposal and any(
-                all(t.params.get(name) == value for name, value in proposal.items()) for t in unrun
+            again = bool(proposal) and any(
+                answered_unrun(t)
+                and all(t.params.get(name) == value for name, value in proposal.items())
+                for t in study.get_trials(deepcopy=False)
             )
             self._chosen[trial._trial_id] = (self._tpe, {}) if again else (self._gp, proposal)
         return self._chosen[trial._trial_id]

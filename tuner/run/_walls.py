@@ -145,10 +145,11 @@ def calibrated_prior(
 
     The prior's main process and step come from the ceiling's high-water marks, which hold the
     largest RSS its process ever reached, shared pages whole, while a trial's peak is its
-    sampled PSS: on image the ceiling's line rose 1.2 MiB per sample against 0.55-0.8 in the
-    trials, and uncorrected the prior pruned 23 settings that held under 90% of the limit in
-    12 studies (docs/benchmarks.md). Its figures are one line, so scaling them scales the
-    prediction.
+    sampled PSS: on image the ceiling's peaks rose 1.1 MiB per sample from batch 8 to 64
+    against the trials' 0.6, and uncorrected the prior pruned 23 settings that held under 90%
+    of the limit in 12 studies (docs/benchmarks.md, 2026-12-04). Its figures are one line, so
+    scaling them scales the prediction. Observations of other knob values are predicted with
+    ``settings``' knobs; the distance counts a knob apart, so the same knobs' trials come first.
     """
     ratios = [
         (measured, peak / predicted)
@@ -201,7 +202,7 @@ def wall_verdict(
         if fits and wall_number not in retested:
             return WallVerdict(predicted, retest_of=wall_number)
         return WallVerdict(predicted, dominated_by=wall_number)
-    fast = predicted_peak_bytes(settings, figures, queue_full=False) if figures else None
+    fast = None if figures is None else predicted_peak_bytes(settings, figures, queue_full=False)
     over = fast is not None and fast >= MODEL_PRUNE_FRACTION * host_limit_bytes
     skipped = _model_skip(trials, settings) if over else None
     if skipped is not None and skipped not in {t.user_attrs.get(MODEL_RETEST_ATTR) for t in trials}:
