@@ -10,7 +10,9 @@
    largest peak, one SQLite file each, ``--trials`` trials each.
 3. Per study: false alarms (a trial pruned for memory, by the guard or by the wall, whose real
    peak is below 90% of the limit: the larger of its setting's reference peak, measured
-   afterwards for a setting outside the grid, and the exact reading the guard stopped it at),
+   afterwards for a setting outside the grid (over a window that crosses an epoch's start
+   where its workers are not persistent: they copy the step's memory from the second epoch),
+   and the exact reading the guard stopped it at),
    misses (a trial whose recorded peak reached the limit, or that died
    of an out-of-memory kill), and the study's pick (its best complete trial) re-measured side by
    side with the best grid setting whose real peak fits the limit.
@@ -51,9 +53,11 @@ from bench._harness import (
 from bench.guard_cost import LEAK_LIMIT_BYTES, reaction
 from tuner._naming import is_memory_prune, is_skipped_for_memory
 from tuner.machine._memory import format_bytes
+from tuner.search._memory_model import reforked_workers
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
 from tuner.trial._guard import MemoryGuard
+from tuner.trial._outcome import TrialOutcome
 
 FALSE_ALARM_FRACTION = 0.9
 """Pruned with a real peak below this share of the limit: a false alarm (the issue's rule)."""
@@ -91,10 +95,38 @@ def grid(workload: BenchWorkload, space: SearchSpace) -> list[LoaderSettings]:
     return settings
 
 
+EPOCH_WINDOW_CAP_S = 30.0
+"""The longest window a reference measurement takes to cross an epoch's start."""
+
+
+def reference_outcome(harness: Harness, setting: LoaderSettings) -> TrialOutcome:
+    """One measurement as a trial's; where the setting's workers are forked again at each
+    epoch's start and the window crossed none, again over a window that does (the epoch's
+    length from the first window's rate, up to :data:`EPOCH_WINDOW_CAP_S`): from the second
+    epoch on, each such worker holds a copy of the step's memory, which training reaches."""
+    outcome = harness.runner.measure(setting)
+    attrs = outcome.attrs
+    if outcome.state != "complete" or not reforked_workers(setting) or attrs.get("epochs"):
+        return outcome
+    length = harness.prepared.workload.dataset_length
+    if length is None:
+        return outcome
+    epoch_s = length / float(attrs["samples_per_sec"])
+    runner = harness.runner
+    template = runner.job_template
+    runner.job_template = template.replace(
+        window_s=min(EPOCH_WINDOW_CAP_S, template.window_s + 1.5 * epoch_s)
+    )
+    try:
+        return runner.measure(setting)
+    finally:
+        runner.job_template = template
+
+
 def measure_points(harness: Harness, settings: Sequence[LoaderSettings]) -> list[Point]:
     points = []
     for number, setting in enumerate(settings, start=1):
-        outcome = harness.runner.measure(setting)
+        outcome = reference_outcome(harness, setting)
         value = outcome.attrs.get("samples_per_sec") if outcome.state == "complete" else None
         peak = outcome.attrs.get("peak_host_memory_bytes")
         points.append(Point(setting, value, peak))

@@ -20,7 +20,10 @@ LIMIT = 1000 * MiB
 
 def setting(workers: int, batch: int, prefetch: int = 2) -> LoaderSettings:
     return LoaderSettings(
-        batch=batch, num_workers=workers, prefetch_factor=prefetch if workers else None
+        batch=batch,
+        num_workers=workers,
+        prefetch_factor=prefetch if workers else None,
+        persistent_workers=workers > 0,
     )
 
 

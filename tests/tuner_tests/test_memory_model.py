@@ -14,12 +14,18 @@ FIGURES = MemoryFigures(main_bytes=200 * MiB, worker_bytes=30 * MiB, sample_byte
 
 
 def setting(
-    workers: int, batch: int, prefetch: int = 2, pin: bool = False, collate: str | None = None
+    workers: int,
+    batch: int,
+    prefetch: int = 2,
+    pin: bool = False,
+    collate: str | None = None,
+    persistent: bool = True,
 ) -> LoaderSettings:
     return LoaderSettings(
         batch=batch,
         num_workers=workers,
         prefetch_factor=prefetch if workers else None,
+        persistent_workers=persistent and workers > 0,
         pin_memory=pin,
         knobs={"collate": collate} if collate else {},
     )
@@ -34,6 +40,33 @@ def test_terms_of_the_model() -> None:
     # Pinned: each batch in flight has a page-locked copy too.
     pinned = 200 * MiB + 2 * 30 * MiB + 64 * 17 * 0.15 * MiB
     assert predicted_peak_bytes(setting(2, 64, 4, pin=True), FIGURES) == round(pinned)
+
+
+def test_workers_forked_again_each_epoch_keep_the_steps_memory() -> None:
+    persistent = predicted_peak_bytes(setting(2, 64, 4), FIGURES)
+    reforked = predicted_peak_bytes(setting(2, 64, 4, persistent=False), FIGURES)
+    # Unfitted, each keeps the step's whole memory (an upper bound) ...
+    assert reforked - persistent == pytest.approx(2 * 64 * 0.15 * MiB, abs=1)
+    # ... fitted, what the trials that crossed an epoch's start measured.
+    fitted = dataclasses.replace(FIGURES, refork_sample_bytes=0.05 * MiB)
+    fitted_peak = predicted_peak_bytes(setting(2, 64, 4, persistent=False), fitted)
+    assert fitted_peak - persistent == pytest.approx(2 * 64 * 0.05 * MiB, abs=1)
+    assert setting(2, 64, 4, persistent=False).dominates(setting(2, 64, 4))
+    assert not setting(2, 64, 4).dominates(setting(2, 64, 4, persistent=False))
+
+
+def test_fit_recovers_what_reforked_workers_keep() -> None:
+    figures = dataclasses.replace(FIGURES, refork_sample_bytes=0.05 * MiB)
+    grid = [setting(w, b) for w, b in ((0, 16), (0, 256), (1, 64), (2, 16), (4, 256))]
+    grid += [setting(2, 64, 4), setting(4, 16, 8), setting(1, 128, persistent=False)]
+    observations = [(s, float(predicted_peak_bytes(s, figures))) for s in grid]
+    fitted = fit_memory_figures(observations)
+    assert fitted is not None
+    assert fitted.refork_sample_bytes == pytest.approx(0.05 * MiB, rel=1e-6)
+    assert fitted.step_bytes_per_sample == pytest.approx(FIGURES.sample_bytes, rel=1e-6)
+    # Without such a trial there is no figure: the step's whole memory stands for it.
+    persistent_only = fit_memory_figures(observations[:-1])
+    assert persistent_only is not None and persistent_only.refork_sample_bytes is None
 
 
 def test_a_larger_setting_never_needs_less() -> None:

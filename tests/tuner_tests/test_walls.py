@@ -18,6 +18,7 @@ from tuner.run._walls import (
     RETEST_ATTR,
     WallVerdict,
     calibrated_prior,
+    memory_figures,
     memory_walls,
     prior_memory_figures,
     wall_verdict,
@@ -30,9 +31,12 @@ LIMIT = 1000 * MiB
 FIGURES = MemoryFigures(main_bytes=200 * MiB, worker_bytes=20 * MiB, sample_bytes=0.5 * MiB)
 
 
-def setting(workers: int, batch: int, prefetch: int = 2) -> LoaderSettings:
+def setting(workers: int, batch: int, prefetch: int = 2, persistent: bool = True) -> LoaderSettings:
     return LoaderSettings(
-        batch=batch, num_workers=workers, prefetch_factor=prefetch if workers else None
+        batch=batch,
+        num_workers=workers,
+        prefetch_factor=prefetch if workers else None,
+        persistent_workers=persistent and workers > 0,
     )
 
 
@@ -92,6 +96,20 @@ def test_dominated_setting_is_pruned_without_a_model() -> None:
 def measured() -> list[FrozenTrial]:
     grid = [setting(0, 16), setting(1, 32), setting(2, 16, 4), setting(1, 64, 4), setting(0, 64)]
     return [complete(number, settings) for number, settings in enumerate(grid)]
+
+
+def test_reforked_workers_are_fitted_only_where_the_window_crossed_an_epoch() -> None:
+    figures = dataclasses.replace(FIGURES, refork_sample_bytes=0.2 * MiB)
+    reforked = setting(2, 128, persistent=False)
+    peak = predicted_peak_bytes(reforked, figures)
+    crossed = trial(5, reforked, TrialState.COMPLETE, peak_host_memory_bytes=peak, epochs=1)
+    fitted = memory_figures([*measured(), crossed], setting(1, 64))
+    assert fitted is not None and fitted.refork_sample_bytes == pytest.approx(0.2 * MiB)
+    # A window inside the first epoch saw no copy: its peak is left out, not fitted as zero.
+    inside = trial(5, reforked, TrialState.COMPLETE, peak_host_memory_bytes=peak - 50 * MiB)
+    unfitted = memory_figures([*measured(), inside], setting(1, 64))
+    assert unfitted is not None and unfitted.refork_sample_bytes is None
+    assert unfitted.main_bytes == pytest.approx(FIGURES.main_bytes)
 
 
 def test_the_model_re_tests_a_wall_once_when_a_dominated_setting_fits() -> None:

@@ -37,6 +37,7 @@ from tuner.search._memory_model import (
     fit_memory_figures,
     predicted_peak_bytes,
     prior_figures,
+    reforked_workers,
 )
 from tuner.search._settings import LoaderSettings
 
@@ -122,14 +123,20 @@ def memory_figures(
 ) -> MemoryFigures | None:
     """The model's figures for ``settings``' knobs, fitted to the complete trials (all knobs);
     until there are enough of them, ``prior`` scaled by measured/predicted at the nearest
-    complete trial (:func:`calibrated_prior`)."""
+    complete trial (:func:`calibrated_prior`). A trial of workers that are not persistent whose
+    window crossed no epoch's start is left out: its peak holds none of the copies of the step's
+    memory that they make from the second epoch on
+    (:func:`~tuner.search._memory_model.reforked_workers`)."""
     observations = []
     for trial in trials:
         attrs = trial.user_attrs
         peak = attrs.get("peak_host_memory_bytes")
         if trial.state != TrialState.COMPLETE or peak is None or "repeat_of" in attrs:
             continue
-        observations.append((trial_settings(trial), float(peak)))
+        measured = trial_settings(trial)
+        if reforked_workers(measured) and not attrs.get("epochs"):
+            continue
+        observations.append((measured, float(peak)))
     fitted = fit_memory_figures(observations, settings.knobs)
     if fitted is not None or prior is None:
         return fitted
@@ -165,6 +172,9 @@ def calibrated_prior(
         step_sample_bytes=None
         if prior.step_sample_bytes is None
         else prior.step_sample_bytes * ratio,
+        refork_sample_bytes=None
+        if prior.refork_sample_bytes is None
+        else prior.refork_sample_bytes * ratio,
     )
 
 
