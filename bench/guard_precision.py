@@ -6,16 +6,18 @@
    once as a trial measures it, under the default limits (90% of RAM: nothing here comes near),
    for its samples/s and its real peak: the tree's PSS read exactly at every tick.
 2. Studies: ``run_study`` as the CLI runs it (``--memory-limit L``, the default sampler, the
-   probe on, no final re-measurement) at ``--limits`` limits spread between the smallest and the
-   largest peak, one SQLite file each, ``--trials`` trials each.
+   probe on, the final re-measurement of the top 3 and the baselines) at ``--limits`` limits
+   spread between the smallest and the largest peak, one SQLite file each, ``--trials`` trials
+   each.
 3. Per study: false alarms (a trial pruned for memory, by the guard or by the wall, whose real
    peak is below 90% of the limit: the larger of its setting's reference peak, measured
    afterwards for a setting outside the grid (over a window that crosses an epoch's start
    where its workers are not persistent: they copy the step's memory from the second epoch),
    and the exact reading the guard stopped it at),
    misses (a trial whose recorded peak reached the limit, or that died
-   of an out-of-memory kill), and the study's pick (its best complete trial) re-measured side by
-   side with the best grid setting whose real peak fits the limit.
+   of an out-of-memory kill), and the study's pick (what ``tuner.best`` hands back: the
+   re-measured winner) re-measured side by side with the best grid setting whose real peak fits
+   the limit.
 4. Reaction: the leaky test workload under a 1.5 GiB limit, as ``bench.guard_cost`` runs it.
 
 Goals (issue 16): at every limit 0 misses, at most 1 false alarm per 20 trials, the pick at
@@ -52,7 +54,9 @@ from bench._harness import (
 )
 from bench.guard_cost import LEAK_LIMIT_BYTES, reaction
 from tuner._naming import is_memory_prune, is_skipped_for_memory
+from tuner.insight._summary import best_trial
 from tuner.machine._memory import format_bytes
+from tuner.run._config import StudyConfig
 from tuner.search._memory_model import reforked_workers
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
@@ -229,15 +233,15 @@ def run_limit(
         study_name=f"precision-{workload.name}-{limit}",
         memory_limit=str(limit),
         n_trials=args.trials,
-        remeasure_top=0,
+        remeasure_top=args.remeasure_top,
         seed=args.seed,
     )
     timed = run_timed_study(config)
-    trials = [t for t in timed.result.study.get_trials(deepcopy=False) if t.state.is_finished()]
+    study = timed.result.study
+    trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     verdict = judge(trials, limit, harness, known)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-    if complete:
-        best = max(complete, key=lambda t: float(t.value or 0.0))
+    best = best_trial(study)
+    if best is not None:
         verdict.pick = LoaderSettings.from_attrs(best.user_attrs["settings"])
     fitting = [
         p
@@ -357,6 +361,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limits", type=int, default=3, help="limits per workload (default 3)")
     parser.add_argument("--trials", type=int, default=20, help="trials per study (default 20)")
     parser.add_argument("--rounds", type=int, default=2, help="side-by-side rounds (default 2)")
+    parser.add_argument(
+        "--remeasure-top",
+        type=int,
+        default=StudyConfig.remeasure_top,
+        help="the studies' final re-measurement, as the CLI's (default %(default)s; 0: the "
+        "pick is the best single window)",
+    )
     parser.add_argument("--leak-runs", type=int, default=3, help="leaky runs (default 3)")
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S)
     parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S)

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.tuner_tests.workloads import SHM_FILE_PREFIX
+from tests.tuner_tests.workloads import SHM_FILE_PREFIX, SPIKE_BYTES
 from tuner.machine._gpu import GpuDevice, GpuReading, NoGpuReader
 from tuner.machine._memory import shm_usage
 from tuner.machine._process import process_tree
@@ -164,6 +164,18 @@ def test_fast_workload_completes_and_leaves_no_process() -> None:
     assert len(watcher.seen) >= 3
     assert watcher.survivors() == []
     assert trial_children() == []
+
+
+def test_a_steps_peak_between_two_readings_is_in_the_trials_peak() -> None:
+    supervisor = Supervisor(MemoryGuard(default_limits()))
+    settings = LoaderSettings(batch=8, num_workers=0)
+    calm, _, _ = run_watched(supervisor, make_job("fast", settings, window_s=1.0))
+    spiking, _, _ = run_watched(supervisor, make_job("spiking", settings, window_s=1.0))
+    assert calm.state == spiking.state == "complete", (calm, spiking)
+    # The same process but for a 192 MiB spike of a few milliseconds every 150 ms.
+    peak = spiking.attrs["peak_host_memory_bytes"]
+    assert peak - calm.attrs["peak_host_memory_bytes"] >= 0.9 * SPIKE_BYTES
+    assert peak >= spiking.attrs["own_peak_host_memory_bytes"]
 
 
 @pytest.mark.parametrize(

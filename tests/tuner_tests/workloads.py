@@ -7,6 +7,7 @@ code does in the field, so the supervisor and the guard are tested against the r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -114,6 +115,22 @@ def fast() -> Workload:
         default_batch_size=32,
         batch_size_range=(8, 64),
     )
+
+
+SPIKE_BYTES = 192 * 2**20
+
+
+def _spiking_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    """A step whose activations come and go within a few milliseconds, then a 150 ms pause: its
+    peak lies between the guard's readings (0.2 s apart at rest)."""
+    activations = torch.ones(SPIKE_BYTES // 4)  # written whole: resident
+    activations.sum().item()
+    del activations
+    time.sleep(0.15)
+
+
+def spiking() -> Workload:
+    return dataclasses.replace(_one_batch_size("spiking", Vectors(), batch=8), step=_spiking_step)
 
 
 def slow() -> Workload:

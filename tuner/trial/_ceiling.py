@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from objectives import Workload, move_to_device
 from tuner.machine._process import own_peak_memory_bytes
 from tuner.search._settings import LoaderSettings
+from tuner.trial._heaviest import heaviest_batch
 from tuner.trial._measure import count_samples, synchronize
 
 __all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_step_rates"]
@@ -47,19 +48,23 @@ def _step_rate(
     window_s: float,
     warmup_s: float,
     min_steps: int,
+    heaviest: object | None = None,
 ) -> tuple[float, float]:
-    """samples/s of the step on ``batch``, and the CPU seconds it spends per sample."""
+    """samples/s of the step on ``batch``, and the CPU seconds it spends per sample (the
+    epoch's ``heaviest`` batch stepped once first, untimed)."""
     samples_per_step = count_samples(batch)
     step = workload.train_step(device)
     micro_batches = 0
 
-    def run_one() -> None:
+    def run_one(stepped: object = batch) -> None:
         nonlocal micro_batches
-        step(batch)
+        step(stepped)
         micro_batches += 1
         if micro_batches % settings.accumulation_steps == 0:
             step.optimizer_step()
 
+    if heaviest is not None:  # untimed: the peak memory read after is the epoch's
+        run_one(heaviest)
     warm_from = time.perf_counter()
     warm_steps = 0
     while warm_steps < 1 or time.perf_counter() - warm_from < warmup_s:
@@ -95,7 +100,8 @@ class StepRates:
     peak_bytes: dict[int, int] = dataclasses.field(default_factory=dict)
     """Per batch value: the process's peak memory once its steps ran (PSS, estimated by
     :func:`~tuner.machine._process.own_peak_memory_bytes`): the main process with the step's
-    batch and activations, no workers. What the memory model starts from."""
+    batch and activations, no workers, the epoch's heaviest batch stepped once
+    (:mod:`tuner.trial._heaviest`). What the memory model starts from."""
 
     @property
     def ceiling(self) -> float:
@@ -132,15 +138,18 @@ def measure_step_rates(
     for size in sorted(batches or [settings.batch]):
         sized = dataclasses.replace(settings, batch=size)
         batch = move_to_device(_one_batch(workload, sized, seed), device)
+        heaviest = heaviest_batch(workload, sized, seed)
+        if heaviest is not None:
+            heaviest = move_to_device(heaviest, device)
         for count in counts:
             torch.set_num_threads(count)
             rates[count][size], cpu[count][size] = _step_rate(
-                workload, batch, sized, device, window_s, warmup_s, min_steps
+                workload, batch, sized, device, window_s, warmup_s, min_steps, heaviest
             )
         peak = own_peak_memory_bytes()
         if peak is not None:
             peaks[size] = peak
-        del batch
+        del batch, heaviest
         if device.type == "cuda":
             torch.cuda.empty_cache()
         here = max(rates[count][size] for count in counts)

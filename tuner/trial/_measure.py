@@ -5,7 +5,9 @@ DataLoader, take a batch, move it to the device (``non_blocking`` when pinned), 
 step the optimizer every ``accumulation_steps`` micro-batches, and start a new iterator at each
 epoch end, so ``persistent_workers`` pays off exactly as it would. The clock runs over a window
 after a warm-up, with the device synchronised at the window's edges. With a batch sampler,
-samples/sec counts each batch at its epoch's mean size (:func:`epoch_mean_batch`).
+samples/sec counts each batch at its epoch's mean size (:func:`epoch_mean_batch`). Where the
+dataset gives its samples' lengths, the warm-up starts with the epoch's heaviest batch, so the
+trial's peak memory is the epoch's (:mod:`tuner.trial._heaviest`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from torch.utils.data import DataLoader
 
 from objectives import TrainStep, Workload, move_to_device
 from tuner._lifeline import die_with_parent
+from tuner.machine._process import own_peak_memory_bytes
 from tuner.search._settings import LoaderSettings
+from tuner.trial._heaviest import heaviest_batch
 from tuner.trial._telemetry import StepTimeline
 
 __all__ = [
@@ -52,6 +56,10 @@ class Measurement:
     """The window's start on the supervisor's clock (``time.monotonic``), to align telemetry."""
     timeline: list[list[float]]
     """Per step (merged when long): seconds into the window, data wait, step time."""
+    own_peak_host_memory_bytes: int | None = None
+    """The trial's tree after the window plus how far the main process's RSS has been above
+    where it is then (the kernel's high-water mark): a step's transient peak, which the guard's
+    readings 0.05-0.2 s apart can fall between (text's 16,384-token step: 521-616 MiB read)."""
 
     def to_attrs(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -174,6 +182,10 @@ class _TrainingLoop:
         batch = self.stream.next()
         if self.micro_batches == 0:
             check_batch(batch)
+        return self.step(batch)
+
+    def step(self, batch: Any) -> int:
+        """Step one micro-batch the loop holds; its samples."""
         samples = count_samples(batch)
         self._step(move_to_device(batch, self.device, self._non_blocking))
         self.micro_batches += 1
@@ -266,8 +278,14 @@ def measure(
         loop.run_one()
         synchronize(device)
         time_to_first_batch_s = time.perf_counter() - built
+        # After the first batch, so the workers fork as training forks them: before any step.
+        heaviest = heaviest_batch(workload, settings, seed)
+        if heaviest is not None:
+            loop.step(heaviest)
+            del heaviest
         loop.warm_up(warmup_s, min_warmup_batches)
         window = _run_window(loop, window_s, samples_per_batch, progress, progress_interval_s)
+        own_peak = own_peak_memory_bytes()  # the workers still alive, as at the peak
     finally:
         stream.close()
     return Measurement(
@@ -281,4 +299,5 @@ def measure(
         device=str(device),
         window_started_at=window.started_at,
         timeline=window.timeline.rows(),
+        own_peak_host_memory_bytes=own_peak,
     )

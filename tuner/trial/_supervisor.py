@@ -168,7 +168,7 @@ class Supervisor:
         finally:
             receiver.close()
             self._sweep(process, pid, known)
-        outcome.attrs.update(self.guard.peaks())
+        outcome.attrs.update(with_own_peak(self.guard.peaks(), outcome.attrs))
         return outcome
 
     def _watch(
@@ -288,3 +288,12 @@ class Supervisor:
                 "failed", error=f"the trial process ended without a result ({reason})"
             )
         return TrialOutcome("pruned", reason=reason, error=f"the trial process was {reason}")
+
+
+def with_own_peak(peaks: dict[str, int], attrs: dict[str, Any]) -> dict[str, int]:
+    """The guard's peaks, the host's raised to the trial's own estimate where that is higher
+    (``own_peak_host_memory_bytes``: a step's transient peak between two readings)."""
+    own, read = attrs.get("own_peak_host_memory_bytes"), peaks.get("peak_host_memory_bytes")
+    if own is None or read is None or own <= read:
+        return peaks
+    return {**peaks, "peak_host_memory_bytes": int(own)}
