@@ -1,4 +1,4 @@
-"""Samplers replayed on a measured grid: how often each finds the top within a budget.
+"""Strategies replayed on a measured grid: how often each finds the top within a budget.
 
     python -m bench.replay --from-search $D/search-image/search-image.json --seeds 40
 
@@ -13,11 +13,27 @@ its twin's outcome, then the top candidates (``tuner.run._remeasure.final_candid
 re-measured in fresh noisy rounds and picked by ``tuner.run._remeasure.pick_best``. The score
 is the pick's true value over the grid's best.
 
+``model`` (``--sampler model``), so a change to it is judged over 40 seeds in seconds rather
+than 2 in half an hour, runs the tuner's own steps on the profile the search run stored
+(``results["model"]``): the predicted best after the baselines (``_pipeline.enqueue_model_seed``),
+the model's next setting before each trial (``_pipeline.enqueue_next_setting``; ``gp`` asks
+when it has none), the stop near the bound or on a held best after it
+(``tuner.run._study._stop_near_bound``, its candidate re-measured in noisy rounds). A stopped
+study keeps its pick for the larger budgets; the table gives the trials run. Its workers are
+the tuner's range (``worker_range``, without a host limit) capped at the grid's top
+(``--model-range grid``: the grid's); the range never grows (``_grown`` needs each trial's
+diagnosis, which a grid does not hold).
+
+A setting off the grid (a model proposal on its worker ladder, a sampled worker count between
+the grid's, a baseline at a thread count the grid lacks) is valued as the grid point nearest it
+by the model's distance (``tuner.pipeline._refine._distance``); the trials and picks that were
+are counted and printed.
+
 What it leaves out, so read its numbers as a comparison between strategies, not as the
 tuner's quality: the space is the grid's (its worker, batch, prefetch, thread and knob values;
 persistent workers only where the grid has them), smaller than the tuner's; no early stop
-near the ceiling; noise independent between measurements, where the machine's
-drifts in levels.
+near the ceiling (the profiled step alone runs over twice the grids' best: it would not fire);
+noise independent between measurements, where the machine's drifts in levels.
 
 ``--strategies`` takes what ``--sampler`` takes (``tuner.run.SAMPLERS``).
 """
@@ -25,24 +41,33 @@ drifts in levels.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import optuna
+import torch.utils.data
 from tqdm import tqdm
 
 from bench._harness import describe, markdown_table, settings_key
-from tuner._attrs import trial_settings
-from tuner.run import SAMPLERS, StudyConfig, make_pruner, make_sampler
+from objectives import Workload
+from tuner._attrs import has_settings, trial_settings
+from tuner.pipeline import PipelineModel, PipelineProfile, worker_range
+from tuner.pipeline._refine import _distance
+from tuner.run import SAMPLERS, StudyConfig, _pipeline, make_pruner, make_sampler
 from tuner.run._remeasure import final_candidates, pick_best
+from tuner.run._runner import TrialRunner
+from tuner.run._samplers import MODEL_STRATEGY
+from tuner.run._study import _stop_near_bound
 from tuner.search._pruner import BelowBestPruner
 from tuner.search._settings import LoaderSettings
-from tuner.search._space import optuna_params
+from tuner.search._space import SearchSpace, optuna_params
+from tuner.trial._outcome import TrialOutcome
 
 GOAL_FRACTION = 0.95
 PRUNING: dict[str, Callable[[str], optuna.pruners.BasePruner]] = {
@@ -50,10 +75,9 @@ PRUNING: dict[str, Callable[[str], optuna.pruners.BasePruner]] = {
     "off": lambda strategy: optuna.pruners.NopPruner(),
     "on": lambda strategy: BelowBestPruner(),
 }
-
-
-def _default(field: str) -> Any:
-    return StudyConfig.__dataclass_fields__[field].default
+MODEL_RANGES = ("tuner", "grid")
+REPLAY_STORAGE = "sqlite:///:memory:"
+"""The storage URL the tuner's steps are given: its study lock is a no-op in memory."""
 
 
 class Landscape:
@@ -64,6 +88,7 @@ class Landscape:
         self.batch_param = batch_param
         self.best = max(self.values.values())
         settings = [s for s, _ in points]
+        self.points = settings
         with_workers = [s for s in settings if s.num_workers > 0]
         self.workers = sorted({s.num_workers for s in settings})
         self.batches = sorted({s.batch for s in settings})
@@ -72,6 +97,7 @@ class Landscape:
         self.threads = sorted({s.torch_num_threads for s in settings})
         self.knobs = {name: sorted({s.knobs[name] for s in settings}) for name in settings[0].knobs}
         self.template = settings[0]
+        self.context = next((s.multiprocessing_context for s in with_workers), None)
 
     def suggest(self, trial: optuna.Trial) -> LoaderSettings:
         """The tuner's distributions (``tuner.search.SearchSpace.suggest``) on the grid's values."""
@@ -96,7 +122,7 @@ class Landscape:
             torch_num_threads=threads,
             knobs=knobs,
             accumulation_steps=self.template.accumulation_steps,
-            multiprocessing_context=self.template.multiprocessing_context if workers else None,
+            multiprocessing_context=self.context if workers else None,
         )
 
     def params_for(self, settings: LoaderSettings) -> dict[str, Any]:
@@ -104,11 +130,150 @@ class Landscape:
         unsampled = () if len(self.persistent) > 1 else ("persistent_workers",)
         return optuna_params(settings, self.batch_param, cuda=False, fixed=unsampled)
 
+    def on_grid(self, settings: LoaderSettings) -> bool:
+        return settings_key(settings) in self.values
+
+    def nearest(self, settings: LoaderSettings) -> LoaderSettings:
+        """``settings`` where it is a grid point, else the grid point nearest it by the model's
+        distance (``_refine._distance``); ties go to the same prefetch and persistence, then
+        to the cheaper setting."""
+        if self.on_grid(settings):
+            return settings
+        return min(
+            self.points,
+            key=lambda point: (
+                _distance(settings, point),
+                point.prefetch_factor != settings.prefetch_factor,
+                point.persistent_workers != settings.persistent_workers,
+                point.memory_footprint(),
+            ),
+        )
+
     def true_value(self, settings: LoaderSettings) -> float:
-        return self.values[settings_key(settings)]
+        """The grid's value of ``settings``, or of the nearest grid point (:meth:`nearest`)."""
+        return self.values[settings_key(self.nearest(settings))]
 
 
-def replay(
+class _NoSamples(torch.utils.data.Dataset[Any]):
+    """The replay's workload has no data: its space needs only its batches and knobs."""
+
+    def __getitem__(self, index: int) -> Any:
+        raise IndexError(index)
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _unused_batch_sampler(dataset: Any, value: int, seed: int) -> torch.utils.data.Sampler[Any]:
+    raise NotImplementedError("the replay loads no data")
+
+
+def _unused_configure(**knobs: Any) -> Workload:
+    raise NotImplementedError("the replay loads no data")
+
+
+def grid_space(
+    landscape: Landscape, max_workers: int, base_knobs: Mapping[str, Any] | None = None
+) -> SearchSpace:
+    """A ``SearchSpace`` of the grid's values as far as it can hold them: the batch range and
+    thread count, the knobs (``base_knobs``, the baselines', first), workers ``0..max_workers``.
+    """
+    base = base_knobs or {}
+    knobs = {
+        name: sorted(values, key=lambda value, name=name: value != base.get(name, values[0]))
+        for name, values in landscape.knobs.items()
+    }
+    token_budget = landscape.batch_param != "batch_size"
+    workload = Workload(
+        name="replay",
+        dataset=_NoSamples(),
+        batch_size_range=(landscape.batches[0], landscape.batches[-1]),
+        batch_sampler=_unused_batch_sampler if token_budget else None,
+        batch_param=landscape.batch_param,
+        knobs=knobs,
+        configure=_unused_configure if knobs else None,
+    )
+    return SearchSpace(
+        workload=workload,
+        max_workers=max_workers,
+        max_threads=landscape.threads[-1],
+        cuda=False,
+        multiprocessing_context=landscape.context,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSetup:
+    """The model strategy's space and model on one grid."""
+
+    space: SearchSpace
+    model: PipelineModel
+
+
+def model_setup(
+    landscape: Landscape,
+    profile: PipelineProfile,
+    baselines: Mapping[str, LoaderSettings],
+    bound: float | None = None,
+    workers: str = "tuner",
+) -> ModelSetup:
+    """The space the tuner would give the model on this grid and the model over it.
+
+    ``workers``: ``tuner``, the tuner's range (:func:`tuner.pipeline.worker_range`, no host
+    limit) capped at the grid's top, or ``grid``, the grid's. ``bound``: the stored one (the
+    search run's host limit), else the model's without a limit.
+    """
+    base = next(iter(baselines.values())).knobs if baselines else None
+    top = landscape.workers[-1]
+    space = grid_space(landscape, top, base)
+    if workers == "tuner":
+        space = dataclasses.replace(space, max_workers=min(top, worker_range(profile, space, None)))
+    model = PipelineModel.build(profile, space, None)
+    if bound is not None:
+        model = dataclasses.replace(model, bound=bound)
+    return ModelSetup(space, model)
+
+
+class _Readings:
+    """One study's noisy measurements of the landscape: a trial's window, a re-measurement."""
+
+    def __init__(self, landscape: Landscape, noise: float, seed: int) -> None:
+        self.landscape = landscape
+        self.noise = noise
+        self.rng = random.Random(seed)
+
+    def __call__(self, settings: LoaderSettings, window_share: float = 1.0) -> float:
+        spread = self.noise / window_share**0.5  # a shorter window reads noisier
+        value = self.landscape.true_value(settings)
+        return value * max(0.05, 1.0 + self.rng.gauss(0.0, spread))
+
+
+@dataclasses.dataclass
+class _GridRunner:
+    """What the tuner's stop step needs of a ``TrialRunner``: the space, the model, and a
+    measurement (a noisy reading of the grid)."""
+
+    space: SearchSpace
+    model: PipelineModel
+    read: _Readings
+
+    def measure(self, settings: LoaderSettings) -> TrialOutcome:
+        return TrialOutcome("complete", {"samples_per_sec": self.read(settings)})
+
+
+@dataclasses.dataclass
+class StudyReplay:
+    """One replayed study: per budget the pick's score and the trials run by then."""
+
+    scores: dict[int, float]
+    trials: dict[int, int]
+    snapped_trials: int = 0
+    """Trials whose setting is not a grid point (measured as the nearest one)."""
+    snapped_picks: int = 0
+    """Budgets whose pick is not a grid point."""
+
+
+def replay_study(
     landscape: Landscape,
     baselines: Mapping[str, LoaderSettings],
     strategy: str,
@@ -116,17 +281,16 @@ def replay(
     budgets: Sequence[int],
     noise: float,
     pruning: str = "strategy",
-) -> dict[int, float]:
-    """One study to the largest budget; the pick's true value over the best, per budget.
+    setup: ModelSetup | None = None,
+) -> StudyReplay:
+    """One study to the largest budget (or, under ``model``, its stop); see the module docstring.
 
     ``pruning``: ``strategy`` (the strategy's own pruner, as the tuner runs it), ``off``, ``on``.
+    ``setup``: the model's space and model, required by ``model``.
     """
-    rng = random.Random(seed)
-
-    def noisy(settings: LoaderSettings, window_share: float = 1.0) -> float:
-        spread = noise / window_share**0.5  # a shorter window reads noisier
-        return landscape.true_value(settings) * max(0.05, 1.0 + rng.gauss(0.0, spread))
-
+    if strategy == MODEL_STRATEGY and setup is None:
+        raise ValueError("the model strategy needs the model's setup (a profiled grid)")
+    read = _Readings(landscape, noise, seed)
     study = optuna.create_study(
         direction="maximize",
         sampler=make_sampler(strategy, seed),
@@ -134,44 +298,65 @@ def replay(
     )
     for name, settings in baselines.items():
         study.enqueue_trial(
-            landscape.params_for(settings),
+            landscape.params_for(landscape.nearest(settings)),  # what the samplers can hold
             user_attrs={"settings": settings.to_attrs(), "baseline": name},
         )
+    config = StudyConfig(hardware="replay", storage=REPLAY_STORAGE, sampler=strategy)
+    modelled = setup if strategy == MODEL_STRATEGY else None
+    if modelled is not None:
+        _pipeline.enqueue_model_seed(study, modelled.space, modelled.model)
+        runner = cast(TrialRunner, _GridRunner(modelled.space, modelled.model, read))
     measured: dict[str, float | None] = {}  # None: the pruner stopped it
+    result = StudyReplay({}, {})
 
     def objective(trial: optuna.Trial) -> float:
-        settings = landscape.suggest(trial)
+        sampled = landscape.suggest(trial)
+        # Queued trials (baselines, the model's) carry their exact setting, as the tuner's do.
+        settings = trial_settings(trial) if has_settings(trial) else sampled
         trial.set_user_attr("settings", settings.to_attrs())
+        result.snapped_trials += not landscape.on_grid(settings)
         key = settings_key(settings)
         if key not in measured:  # a repeat is answered from the study, as the tuner does
             # The pruner's look half a second into a 1.5 s window, then the whole window.
-            trial.report(noisy(settings, window_share=1 / 3), step=1)
-            measured[key] = None if trial.should_prune() else noisy(settings)
+            trial.report(read(settings, window_share=1 / 3), step=1)
+            measured[key] = None if trial.should_prune() else read(settings)
         value = measured[key]
         if value is None:
             raise optuna.TrialPruned()
         return value
 
-    scores: dict[int, float] = {}
-    done = 0
+    done, stopped, score, snapped_pick = 0, False, 0.0, False
     for budget in sorted(budgets):
-        study.optimize(objective, n_trials=budget - done)
-        done = budget
-        candidates = final_candidates(study, _default("remeasure_top"))
-        runs = {
-            trial.number: [
-                noisy(trial_settings(trial)) for _ in range(_default("remeasure_rounds"))
-            ]
-            for trial in candidates
-        }
-        picked = next(t for t in candidates if t.number == pick_best(runs))
-        pick = trial_settings(picked)
-        scores[budget] = landscape.true_value(pick) / landscape.best
-    return scores
+        start = done
+        if modelled is None:
+            study.optimize(objective, n_trials=budget - done)
+            done = budget
+        while modelled is not None and not stopped and done < budget:
+            # The tuner's loop (``_run_trials``): propose, run one trial, stop near the bound.
+            _pipeline.enqueue_next_setting(study, REPLAY_STORAGE, modelled.space, modelled.model)
+            study.optimize(objective, n_trials=1)
+            done += 1
+            stopped = _stop_near_bound(study, runner, config) is not None
+        if done > start or not result.scores:  # a stopped study keeps its pick
+            candidates = final_candidates(study, config.remeasure_top)
+            runs = {
+                trial.number: [read(trial_settings(trial)) for _ in range(config.remeasure_rounds)]
+                for trial in candidates
+            }
+            best = pick_best(runs)
+            picked = next(t for t in candidates if t.number == best)
+            pick = trial_settings(picked)
+            score = landscape.true_value(pick) / landscape.best
+            snapped_pick = not landscape.on_grid(pick)
+        result.scores[budget] = score
+        result.trials[budget] = done
+        result.snapped_picks += snapped_pick
+    return result
 
 
 def load(path: Path) -> tuple[Landscape, dict[str, LoaderSettings], str]:
-    """The landscape and baselines of a ``bench.search`` results file."""
+    """The landscape and baselines of a ``bench.search`` results file (a baseline off the grid
+    is valued as its nearest point, as any setting off it is)."""
     results = json.loads(path.read_text())
     batch_param = results["workload"]["batch_param"]
     points = [
@@ -182,11 +367,18 @@ def load(path: Path) -> tuple[Landscape, dict[str, LoaderSettings], str]:
     landscape = Landscape(points, batch_param)
     baselines = {}
     for entry in results["side_by_side"]:
-        for name in set(entry["labels"]) & set(results["baselines"]):
-            settings = LoaderSettings.from_attrs(entry["settings"])
-            if settings_key(settings) in landscape.values:
-                baselines[name] = settings
+        for name in sorted(set(entry["labels"]) & set(results["baselines"])):
+            baselines[name] = LoaderSettings.from_attrs(entry["settings"])
     return landscape, baselines, results["workload"]["name"]
+
+
+def load_profile(path: Path) -> tuple[PipelineProfile, float | None] | None:
+    """The pipeline profile and bound a ``bench.search`` results file stored (``model``), or
+    None where its studies had no profile."""
+    model = json.loads(path.read_text()).get("model")
+    if not model:
+        return None
+    return PipelineProfile.from_attrs(model["profile"]), model.get("bound")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,7 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m bench.replay", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--from-search", required=True, metavar="JSON", help="bench.search results")
-    parser.add_argument("--strategies", default=",".join(SAMPLERS), help=f"of {','.join(SAMPLERS)}")
+    parser.add_argument(
+        "--strategies",
+        help=f"of {','.join(SAMPLERS)} (default: all the file allows; {MODEL_STRATEGY} needs "
+        "a profile)",
+    )
     parser.add_argument("--budgets", default="10,20,40", help="trial budgets (default 10,20,40)")
     parser.add_argument("--seeds", type=int, default=40, help="studies per strategy (default 40)")
     parser.add_argument("--noise", type=float, default=0.10, help="relative noise (default 0.10)")
@@ -204,15 +400,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="strategy",
         help="each strategy's own pruner as the tuner runs it (default), or off or on for all",
     )
+    parser.add_argument(
+        "--model-range",
+        choices=MODEL_RANGES,
+        default="tuner",
+        help="the model's workers: the tuner's range capped at the grid's (default), or the grid's",
+    )
     args = parser.parse_args(argv)
     path = Path(args.from_search)
     if not path.is_file():
         print(f"bench.replay: no such file: {path}", file=sys.stderr)
         return 2
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    profiled = load_profile(path)
+    if args.strategies is None:
+        strategies = [s for s in SAMPLERS if s != MODEL_STRATEGY or profiled is not None]
+    else:
+        strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = sorted(set(strategies) - set(SAMPLERS))
     if unknown:
         print(f"bench.replay: unknown strategy {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    if MODEL_STRATEGY in strategies and profiled is None:
+        print(f"bench.replay: no pipeline profile in {path} (model)", file=sys.stderr)
         return 2
     budgets = sorted({int(b) for b in args.budgets.split(",")})
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -225,32 +434,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" {', '.join(f'{n} {describe(s, landscape.batch_param)}' for n, s in baselines.items())};"
         f" noise {args.noise:.0%} per measurement, {args.seeds} seeds, pruning {args.pruning}"
     )
-    rows = []
+    setup = None
+    if MODEL_STRATEGY in strategies and profiled is not None:
+        profile, bound = profiled
+        setup = model_setup(landscape, profile, baselines, bound, args.model_range)
+        print(
+            f"{MODEL_STRATEGY}: workers 0..{setup.space.max_workers} ({args.model_range} range;"
+            f" grid 0..{landscape.workers[-1]}), bound {setup.model.bound:,.1f} samples/s,"
+            f" predicted best {describe(setup.model.best, landscape.batch_param)}"
+        )
+    rows, notes = [], []
     for strategy in strategies:
         scores: dict[int, list[float]] = {budget: [] for budget in budgets}
+        trials: dict[int, list[int]] = {budget: [] for budget in budgets}
+        snapped_trials = snapped_picks = 0
         for seed in tqdm(range(args.seeds), desc=strategy, file=sys.stderr, leave=False):
-            for budget, score in replay(
-                landscape, baselines, strategy, seed, budgets, args.noise, args.pruning
-            ).items():
-                scores[budget].append(score)
+            study = replay_study(
+                landscape, baselines, strategy, seed, budgets, args.noise, args.pruning, setup
+            )
+            for budget in budgets:
+                scores[budget].append(study.scores[budget])
+                trials[budget].append(study.trials[budget])
+            snapped_trials += study.snapped_trials
+            snapped_picks += study.snapped_picks
         for budget in budgets:
             values = scores[budget]
             rows.append(
                 [
                     strategy,
                     budget,
+                    f"{statistics.mean(trials[budget]):.1f}",
                     f"{sum(v >= GOAL_FRACTION for v in values)}/{len(values)}",
                     f"{statistics.median(values):.1%}",
                     f"{statistics.quantiles(values, n=10)[0]:.1%}" if len(values) > 1 else "-",
                     f"{min(values):.1%}",
                 ]
             )
+        if snapped_trials or snapped_picks:
+            notes.append(
+                f"{strategy}: {snapped_trials} of {sum(trials[budgets[-1]])} trials and"
+                f" {snapped_picks} of {len(budgets) * args.seeds} picks were off the grid,"
+                " valued as its nearest point"
+            )
     print(
         markdown_table(
-            ["strategy", "trials", f"runs ≥ {GOAL_FRACTION:.0%}", "median", "10th pct", "worst"],
+            [
+                "strategy",
+                "trials",
+                "mean run",
+                f"runs ≥ {GOAL_FRACTION:.0%}",
+                "median",
+                "10th pct",
+                "worst",
+            ],
             rows,
         )
     )
+    for note in notes:
+        print(note)
     return 0
 
 
