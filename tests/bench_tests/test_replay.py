@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bench.replay import load, load_profile, main, model_setup, replay_study
+from tests.tuner_tests.pipeline.test_model import _profile as profile_like
 from tuner.pipeline import PipelineProfile, predict
 from tuner.search._settings import LoaderSettings
 
@@ -40,26 +41,18 @@ def _speed(settings: LoaderSettings) -> float:
 
 def _profile() -> PipelineProfile:
     """CPU-bound, image-like: 1.5 ms of CPU per sample in a worker, a step at 800-1,900/s."""
-    return PipelineProfile(
+    return profile_like(
         fetch_wall_s=0.002,
         fetch_cpu_s=0.0015,
         collate_s=0.0001,
         ipc_dump_s=0.00005,
         ipc_load_s=0.00005,
-        transfer_s=0.0,
-        worker_start_s=0.01,
-        worker_uss_bytes=8 * 2**20,
-        worker_pss_bytes=80 * 2**20,
-        sample_bytes=1024.0,
         samples_per_batch={b: float(b) for b in BATCHES},
-        usable_cores=2.0,
         step_rates={
             1: {16: 800.0, 32: 1200.0, 64: 1500.0, 128: 1300.0},
             2: {16: 1000.0, 32: 1500.0, 64: 1900.0, 128: 1700.0},
         },
         step_cpu_s={1: {b: 1 / 1200 for b in BATCHES}, 2: {b: 2 / 1500 for b in BATCHES}},
-        profiled_batch=32,
-        measured_samples=96,
         dataset_samples=4096,
     )
 
