@@ -8,6 +8,7 @@ code does in the field, so the supervisor and the guard are tested against the r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import time
@@ -120,17 +121,37 @@ def fast() -> Workload:
 SPIKE_BYTES = 192 * 2**20
 
 
-def _spiking_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
-    """A step whose activations come and go within a few milliseconds, then a 150 ms pause: its
-    peak lies between the guard's readings (0.2 s apart at rest)."""
-    activations = torch.ones(SPIKE_BYTES // 4)  # written whole: resident
-    activations.sum().item()
-    del activations
-    time.sleep(0.15)
+class _SpikeOnceStep:
+    """A step whose third call holds ``spike_bytes`` of activations for a few milliseconds, then
+    calls that take 20 ms: a peak the guard's readings, 0.2 s apart, rarely land on."""
+
+    def __init__(self, device: torch.device, spike_bytes: int = SPIKE_BYTES) -> None:
+        self.spike_bytes = spike_bytes
+        self.calls = 0
+
+    def __call__(self, batch: object) -> None:
+        self.calls += 1
+        if self.calls == 3 and self.spike_bytes:
+            activations = torch.ones(self.spike_bytes // 4)  # written whole: resident
+            activations.sum().item()
+            del activations
+        time.sleep(0.02)
+
+    def optimizer_step(self) -> None:
+        return None
 
 
 def spiking() -> Workload:
-    return dataclasses.replace(_one_batch_size("spiking", Vectors(), batch=8), step=_spiking_step)
+    return dataclasses.replace(
+        _one_batch_size("spiking", Vectors(), batch=8), step=None, make_step=_SpikeOnceStep
+    )
+
+
+def spiking_twin() -> Workload:
+    """:func:`spiking` without its spike."""
+    return dataclasses.replace(
+        spiking(), make_step=functools.partial(_SpikeOnceStep, spike_bytes=0)
+    )
 
 
 def slow() -> Workload:
