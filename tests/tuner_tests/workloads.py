@@ -123,7 +123,8 @@ SPIKE_BYTES = 192 * 2**20
 
 class _SpikeOnceStep:
     """A step whose third call holds ``spike_bytes`` of activations for a few milliseconds, then
-    calls that take 20 ms: a peak the guard's readings, 0.2 s apart, rarely land on."""
+    calls that take 20 ms: a peak the guard's readings, 0.2 s apart, can miss (they held 161,
+    161, 192 and 186 MiB of a 192 MiB spike in four runs; the trial's own peak, 192 each)."""
 
     def __init__(self, device: torch.device, spike_bytes: int = SPIKE_BYTES) -> None:
         self.spike_bytes = spike_bytes
