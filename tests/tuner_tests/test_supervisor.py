@@ -172,7 +172,7 @@ def test_a_steps_peak_between_two_readings_is_in_the_trials_peak() -> None:
     calm, _, _ = run_watched(supervisor, make_job("spiking_twin", settings, window_s=1.0))
     spiking, _, _ = run_watched(supervisor, make_job("spiking", settings, window_s=1.0))
     assert calm.state == spiking.state == "complete", (calm, spiking)
-    # The same process but for one 192 MiB spike of a few milliseconds, between two readings.
+    # The same process but for one 512 MiB spike of a few milliseconds, on top of its rest.
     peak = spiking.attrs["peak_host_memory_bytes"]
     assert peak - calm.attrs["peak_host_memory_bytes"] >= 0.9 * SPIKE_BYTES
     assert peak >= spiking.attrs["own_peak_host_memory_bytes"]

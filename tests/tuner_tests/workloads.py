@@ -118,13 +118,15 @@ def fast() -> Workload:
     )
 
 
-SPIKE_BYTES = 192 * 2**20
+SPIKE_BYTES = 512 * 2**20
 
 
 class _SpikeOnceStep:
     """A step whose third call holds ``spike_bytes`` of activations for a few milliseconds, then
     calls that take 20 ms: a peak the guard's readings, 0.2 s apart, can miss (they held 161,
-    161, 192 and 186 MiB of a 192 MiB spike in four runs; the trial's own peak, 192 each)."""
+    161, 192 and 186 MiB of a 192 MiB spike in four runs; the trial's own peak, 192 each). The
+    spike stacks on the process at rest, 16 MiB under its startup's peak in CI: 512 MiB keeps
+    that within the test's margin."""
 
     def __init__(self, device: torch.device, spike_bytes: int = SPIKE_BYTES) -> None:
         self.spike_bytes = spike_bytes
