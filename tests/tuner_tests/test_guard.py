@@ -54,15 +54,18 @@ def test_restart_forgets_growth_and_keeps_the_peak() -> None:
 LIMIT_MIB = 690
 
 
-def first_breach(points: list[tuple[float, float]]) -> tuple[float, bool] | None:
-    """Replay exact host readings (MiB) through the guard's rules: (reading, predicted) of the
-    first breach under :data:`LIMIT_MIB`, or None."""
+def first_breach(
+    points: list[tuple[float, float]], expected_mib: float | None = None
+) -> tuple[float, bool] | None:
+    """Replay exact host readings (MiB) through the guard's rules, the tree's peak expected at
+    ``expected_mib``: (reading, predicted) of the first breach under :data:`LIMIT_MIB`, or None."""
     limits = dataclasses.replace(default_limits(), host_bytes=LIMIT_MIB * MiB)
+    expected = None if expected_mib is None else expected_mib * MiB
     readings = _Series()
     with MemoryGuard(limits) as guard:
         for at, value in points:
             readings.add(at, value * MiB)
-            breach = guard._check("host", value * MiB, readings, limits.host_bytes)
+            breach = guard._check("host", value * MiB, readings, limits.host_bytes, expected)
             if breach is not None:
                 return breach.reading_bytes / MiB, breach.predicted
     return None
@@ -106,3 +109,27 @@ def test_the_guard_samples_faster_only_while_the_tree_moves_near_its_limit() -> 
         assert guard._lookahead_s() < 2 * guard.interval_s + guard._kill_time_s
         guard._pace(871 * MiB, 871 * MiB)  # near, at rest: an exact reading a tick costs
         assert guard.next_interval_s() == guard.interval_s
+
+
+# A first batch decoded in the main process: steady growth for 0.6 s, then it holds at 72% of
+# the limit (image's w0 b256 grew so and was stopped at 77% of its limit, 2026-12-05).
+DECODING = [(0.2 * k, value) for k, value in enumerate([300, 365, 430, 495] + [500] * 8)]
+
+
+def test_steady_growth_to_a_peak_that_fits_is_projected_without_an_expectation() -> None:
+    assert first_breach(DECODING) == (495, True)  # 495 + 325 MiB/s x 0.7 s is past the limit
+
+
+def test_growth_towards_the_expected_peak_is_the_ramp_not_a_breach() -> None:
+    assert first_breach(DECODING, expected_mib=520) is None
+
+
+def test_growth_past_the_expected_peak_is_projected_again() -> None:
+    leak = [(0.2 * k, 300 + 80 * k) for k in range(10)]
+    reading, predicted = first_breach(leak, expected_mib=400) or (None, None)
+    assert predicted and reading is not None and 400 < reading < LIMIT_MIB
+    assert first_breach(leak) == (reading, predicted)  # the leak was past 400 MiB when projected
+
+
+def test_an_expected_peak_over_the_limit_leaves_every_projection_on() -> None:
+    assert first_breach(DECODING, expected_mib=LIMIT_MIB + 10) == first_breach(DECODING)

@@ -228,12 +228,19 @@ def test_steady_memory_is_not_read_exactly_at_every_tick() -> None:
 # --- the guard stops a leak --------------------------------------------------------------------
 
 
-def test_leaky_workload_is_stopped_before_the_host_limit() -> None:
+@pytest.mark.parametrize("expected_peak_bytes", [None, 512 * MiB], ids=["unknown", "expected"])
+def test_leaky_workload_is_stopped_before_the_host_limit(expected_peak_bytes: int | None) -> None:
+    """Also where the trial's peak was expected well under the limit (the memory model's): its
+    growth past that peak is projected again."""
     limit = int(1.5 * GiB)
     supervisor = Supervisor(MemoryGuard(host_limited(limit)))
     settings = LoaderSettings(batch=16, num_workers=2, prefetch_factor=2)
 
-    outcome, watcher, _ = run_watched(supervisor, make_job("leaky", settings, window_s=20.0))
+    outcome, watcher, _ = run_watched(
+        supervisor,
+        make_job("leaky", settings, window_s=20.0),
+        expected_peak_bytes=expected_peak_bytes,
+    )
 
     assert outcome.state == "pruned", outcome
     assert outcome.reason == "memory_guard: host"

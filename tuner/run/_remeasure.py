@@ -77,7 +77,8 @@ def remeasure(
     ) as bar:
         for _ in range(rounds):
             for trial in trials:
-                outcome = runner.measure(trial_settings(trial))
+                peak = trial.user_attrs.get("peak_host_memory_bytes")
+                outcome = runner.measure(trial_settings(trial), expected_peak_bytes=peak)
                 if outcome.state == "complete":
                     runs[trial.number].append(float(outcome.attrs["samples_per_sec"]))
                 bar.update()

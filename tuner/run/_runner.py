@@ -135,11 +135,22 @@ class TrialRunner:
     def job(self, settings: LoaderSettings) -> Job:
         return self.job_template.replace(settings=settings)
 
-    def measure(self, settings: LoaderSettings, on_progress: Any = None) -> TrialOutcome:
-        """Run one measurement of ``settings`` in a supervised child, with its telemetry."""
+    def measure(
+        self,
+        settings: LoaderSettings,
+        on_progress: Any = None,
+        expected_peak_bytes: int | None = None,
+    ) -> TrialOutcome:
+        """Run one measurement of ``settings`` in a supervised child, with its telemetry;
+        ``expected_peak_bytes``: the host peak the guard expects (the memory model's, or one
+        measured before), growth towards which it does not project."""
         sampler = TelemetrySampler(self.gpu, self.gpu_index)
         outcome = self.supervisor.run(
-            self.job(settings), self.deadline_s, on_progress=on_progress, telemetry=sampler
+            self.job(settings),
+            self.deadline_s,
+            on_progress=on_progress,
+            telemetry=sampler,
+            expected_peak_bytes=expected_peak_bytes,
         )
         telemetry = collect_trial_telemetry(sampler, outcome.attrs)
         outcome.attrs.update(telemetry.attrs)
@@ -181,7 +192,7 @@ class TrialRunner:
                     raise
                 return False
 
-        outcome = self.measure(settings, on_progress)
+        outcome = self.measure(settings, on_progress, walls.predicted_peak_bytes)
         outcome.attrs.update(_wall_attrs(walls))
         self._finish(study, trial, settings, outcome)
         return outcome

@@ -22,7 +22,12 @@ projected at the slowest of its last three intervals, or, where those three inte
 more slowly than the one before (a first large batch nearly built), by the shrinking increments
 they continue, which stop at an asymptote. The startup ramp (workers forking, their first pages
 and batches) grows fast and stops by itself; extrapolating it pruned settings at half their
-limit.
+limit. Growth towards the peak the trial is expected to reach (``expected_bytes`` at
+:meth:`MemoryGuard.start`: the memory model's prediction, or the peak a re-measured setting
+already recorded), where that fits the limit, is that ramp too: it is projected only past that
+peak (a leak goes on past it), or from the confirming reading near the limit. Image's ``w0 b256``
+decoding its first batch grew for over 0.6 s and was stopped on a projection at 77% of its
+limit, with a real peak of 338 MiB under 439 (docs/benchmarks.md, 2026-12-05).
 
 What it reads, and what that costs. ``host`` is the trial's process tree by PSS (pages shared
 after fork counted once), exact but milliseconds per process, so it is read only when it can
@@ -272,10 +277,13 @@ class MemoryGuard:
         self._process_tree: ProcessTree | None = None
         self.start(None)
 
-    def start(self, pid: int | None) -> None:
-        """Begin watching a new trial's process tree rooted at ``pid``."""
+    def start(self, pid: int | None, expected_bytes: int | None = None) -> None:
+        """Begin watching a new trial's process tree rooted at ``pid``, whose peak is expected
+        at ``expected_bytes`` (None: unknown): growth below it that fits the limit is not
+        projected."""
         self.stop()
         self._pid = pid
+        self._expected_bytes = expected_bytes
         self._process_tree = ProcessTree(pid) if pid is not None else None
         self._ticks = 0
         self._tree = _Series()  # every reading, estimates included: the peak
@@ -427,8 +435,15 @@ class MemoryGuard:
         return reading
 
     def _check(
-        self, kind: str, value: float | None, series: _Series, limit: float | None
+        self,
+        kind: str,
+        value: float | None,
+        series: _Series,
+        limit: float | None,
+        expected: float | None = None,
     ) -> Breach | None:
+        """A breach of ``limit`` by ``value`` (its ``series``), reached or projected; growth
+        below an ``expected`` peak that fits the limit is not projected."""
         if value is None or limit is None:
             return None
         if value >= APPROACH_FRACTION * limit:
@@ -438,6 +453,8 @@ class MemoryGuard:
         ahead_s = self._lookahead_s()
         if near and value + series.rate_per_s() * ahead_s >= limit:
             return Breach(kind, value, limit, predicted=True)
+        if expected is not None and value < expected < limit:
+            return None  # the ramp to a peak that fits
         lasting = series.sustained_rate_per_s()
         if lasting is not None and value + series.growth_within(ahead_s, lasting) >= limit:
             return Breach(kind, value, limit, predicted=True)
@@ -447,7 +464,7 @@ class MemoryGuard:
         """The first limit that is crossed or about to be, or None."""
         limits = self.limits
         tree = reading.tree_bytes if reading.tree_exact else None
-        breach = self._check("host", tree, self._exact, limits.host_bytes)
+        breach = self._check("host", tree, self._exact, limits.host_bytes, self._expected_bytes)
         if breach is None:
             reserve = limits.machine_total_bytes * (1 - MACHINE_RESERVE_FRACTION)
             used = limits.machine_total_bytes - reading.available_bytes

@@ -141,10 +141,13 @@ class Supervisor:
         on_progress: ProgressHandler | None = None,
         on_message: MessageHandler | None = None,
         telemetry: TelemetrySampler | None = None,
+        expected_peak_bytes: int | None = None,
     ) -> TrialOutcome:
         """Run ``job`` in a child; return how it ended, with the guard's peaks in its attrs.
 
-        ``telemetry`` is sampled on the guard's ticks, for the trial's telemetry artifact.
+        ``telemetry`` is sampled on the guard's ticks, for the trial's telemetry artifact;
+        ``expected_peak_bytes`` is the peak the guard expects the tree to reach
+        (:meth:`~tuner.trial._guard.MemoryGuard.start`).
         """
         from tuner.trial._child import run_child
 
@@ -156,7 +159,7 @@ class Supervisor:
         sender.close()
         assert process.pid is not None
         pid = process.pid
-        self.guard.start(pid)
+        self.guard.start(pid, expected_peak_bytes)
         self._partial = {}
         if telemetry is not None:
             telemetry.start(time.monotonic())
