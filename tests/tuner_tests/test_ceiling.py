@@ -101,6 +101,31 @@ def test_the_ceiling_is_the_best_over_the_batches_tried() -> None:
     assert either > 2 * small
 
 
+def _one_then_many(dataset: Any, batch: int, seed: int) -> list[list[int]]:
+    """A plan whose batches alternate 1 and ``batch`` samples, the single one first."""
+    return [[0] if number % 2 == 0 else list(range(batch)) for number in range(40)]
+
+
+def test_under_a_batch_sampler_the_ceiling_is_the_epochs_batches_not_its_first() -> None:
+    workload = Workload(
+        name="uneven",
+        dataset=Prebuilt(),
+        step=_device_bound_step,
+        collate_fn=_as_is,
+        batch_sampler=_one_then_many,
+        batch_param="tokens",
+        default_batch_size=BATCH,
+        batch_size_range=(BATCH, BATCH),
+    )
+    settings = LoaderSettings(batch=BATCH, num_workers=0, torch_num_threads=1)
+    ceiling = measure_ceiling(workload, settings, CPU, window_s=0.5, warmup_s=0.0)
+    # Every step takes STEP_S and a little more, whatever its samples: the epoch's rate is its
+    # mean batch's, 32.5 samples a step; the first batch alone gives 1 / STEP_S, the large one
+    # alone twice the epoch's.
+    epoch_rate = (1 + BATCH) / 2 / STEP_S
+    assert 0.6 * epoch_rate < ceiling <= 1.05 * epoch_rate
+
+
 def test_the_main_processs_peak_is_kept_per_batch_value() -> None:
     settings = LoaderSettings(batch=8, num_workers=0, torch_num_threads=1)
     steps = measure_step_rates(

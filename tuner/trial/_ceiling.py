@@ -1,16 +1,24 @@
 """The ceiling, measured: how fast the workload's step runs when data costs nothing.
 
-Runs in a trial child (mode ``ceiling``): one batch from a DataLoader with ``num_workers=0`` is
-moved to the device once, then the step runs on it again and again for the window, with the
-device synchronised at the window's edges. No DataLoader setting can feed the step faster than
-that on this machine. It leaves out the host-to-device copy that every real loader pays, so a
-loader can approach it but not reach it on a GPU. The study side (when to measure it, when a
-best is near it) is :mod:`tuner.run._ceiling`.
+Runs in a trial child (mode ``ceiling``): the first batch of a DataLoader with ``num_workers=0`` is
+moved to the device once, then the step runs on it again and again for the window, with the device
+synchronised at the window's edges. No DataLoader setting can feed the step faster than that on this
+machine. It leaves out the host-to-device copy that every real loader pays, so a loader can approach
+it but not reach it on a GPU. The study side (when to measure it, when a best is near it) is
+:mod:`tuner.run._ceiling`.
+
+Where a batch sampler packs batches of differing samples (a token budget), one batch is no
+epoch's rate: text's first batch (seed 0) holds 4, 40 and 14 samples at 1,024, 2,048 and 4,096
+tokens where the epoch's mean is 9, 19 and 38, and a stored text profile's ceiling read 2,427
+samples/s at 2,048 tokens against 932 at 1,024 and 590 at 4,096 (``c5208cf``, docs/data).
+There the step turns through :data:`ROTATED_BATCHES` of the epoch's batches, one from each
+equal slice of the plan sorted by samples, whose mean comes within 2-8% of the epoch's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Sequence
 
@@ -20,14 +28,27 @@ from torch.utils.data import DataLoader
 from objectives import Workload, move_to_device
 from tuner.machine._process import own_peak_memory_bytes
 from tuner.search._settings import LoaderSettings
-from tuner.trial._heaviest import heaviest_batch
+from tuner.trial._heaviest import fetched_batches, heaviest_batch
 from tuner.trial._measure import count_samples, synchronize
 
 __all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_step_rates"]
 
 
-def _one_batch(workload: Workload, settings: LoaderSettings, seed: int) -> object:
-    """The first batch of a main-process DataLoader: what the step sees, built once."""
+ROTATED_BATCHES = 8
+"""Batches the step turns through where a batch sampler makes batches differ."""
+
+
+def _step_batches(workload: Workload, settings: LoaderSettings, seed: int) -> list[object]:
+    """The batches the step is timed on, built once, as the main process builds them: the first
+    of a main-process DataLoader, or under a batch sampler one batch from each of
+    :data:`ROTATED_BATCHES` equal slices of the epoch's plan sorted by samples (the middle of
+    each: a stratified sample of the epoch)."""
+    if workload.batch_sampler is not None:
+        plan = sorted(workload.batch_sampler(workload.dataset, settings.batch, seed), key=len)
+        count = min(ROTATED_BATCHES, len(plan))
+        return fetched_batches(
+            workload, [plan[int((i + 0.5) * len(plan) / count)] for i in range(count)]
+        )
     alone = dataclasses.replace(
         settings,
         num_workers=0,
@@ -37,12 +58,12 @@ def _one_batch(workload: Workload, settings: LoaderSettings, seed: int) -> objec
         multiprocessing_context=None,
     )
     loader = DataLoader(workload.dataset, **alone.build_dataloader_kwargs(workload, seed))
-    return next(iter(loader))
+    return [next(iter(loader))]
 
 
 def _step_rate(
     workload: Workload,
-    batch: object,
+    batches: Sequence[object],
     settings: LoaderSettings,
     device: torch.device,
     window_s: float,
@@ -50,34 +71,39 @@ def _step_rate(
     min_steps: int,
     heaviest: object | None = None,
 ) -> tuple[float, float]:
-    """samples/s of the step on ``batch``, and the CPU seconds it spends per sample (the
-    epoch's ``heaviest`` batch stepped once first, untimed)."""
-    samples_per_step = count_samples(batch)
+    """samples/s of the step turning through ``batches``, and the CPU seconds it spends per
+    sample (the epoch's ``heaviest`` batch stepped once first, untimed)."""
     step = workload.train_step(device)
     micro_batches = 0
+    turn = itertools.cycle([(batch, count_samples(batch)) for batch in batches])
 
-    def run_one(stepped: object = batch) -> None:
+    def run_one() -> int:
+        """One step on the next batch; its samples."""
+        batch, samples = next(turn)
+        stepped(batch)
+        return samples
+
+    def stepped(batch: object) -> None:
         nonlocal micro_batches
-        step(stepped)
+        step(batch)
         micro_batches += 1
         if micro_batches % settings.accumulation_steps == 0:
             step.optimizer_step()
 
     if heaviest is not None:  # untimed: the peak memory read after is the epoch's
-        run_one(heaviest)
+        stepped(heaviest)
     warm_from = time.perf_counter()
     warm_steps = 0
-    while warm_steps < 1 or time.perf_counter() - warm_from < warmup_s:
+    while warm_steps < len(batches) or time.perf_counter() - warm_from < warmup_s:
         run_one()
         warm_steps += 1
     synchronize(device)
     started, cpu_started = time.perf_counter(), time.process_time()
-    steps = 0
-    while steps < min_steps or time.perf_counter() - started < window_s:
-        run_one()
+    steps = samples = 0
+    while steps < max(min_steps, len(batches)) or time.perf_counter() - started < window_s:
+        samples += run_one()
         steps += 1
     synchronize(device)
-    samples = samples_per_step * steps
     cpu_s = time.process_time() - cpu_started
     return samples / (time.perf_counter() - started), cpu_s / max(1, samples)
 
@@ -137,19 +163,19 @@ def measure_step_rates(
     best = 0.0
     for size in sorted(batches or [settings.batch]):
         sized = dataclasses.replace(settings, batch=size)
-        batch = move_to_device(_one_batch(workload, sized, seed), device)
+        batches = [move_to_device(b, device) for b in _step_batches(workload, sized, seed)]
         heaviest = heaviest_batch(workload, sized, seed)
         if heaviest is not None:
             heaviest = move_to_device(heaviest, device)
         for count in counts:
             torch.set_num_threads(count)
             rates[count][size], cpu[count][size] = _step_rate(
-                workload, batch, sized, device, window_s, warmup_s, min_steps, heaviest
+                workload, batches, sized, device, window_s, warmup_s, min_steps, heaviest
             )
         peak = own_peak_memory_bytes()
         if peak is not None:
             peaks[size] = peak
-        del batch, heaviest
+        del batches, heaviest
         if device.type == "cuda":
             torch.cuda.empty_cache()
         here = max(rates[count][size] for count in counts)
