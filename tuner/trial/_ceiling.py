@@ -146,7 +146,7 @@ def measure_step_rates(
     seed: int = 0,
     min_steps: int = 2,
 ) -> StepRates:
-    """The step's samples/sec on one prepared batch, per value of ``batches`` and ``threads``.
+    """The step's samples/sec on prepared batches, per value of ``batches`` and ``threads``.
 
     ``settings`` gives the knobs and accumulation; ``batches`` are values of the workload's batch
     parameter (default: ``settings.batch``), ``threads`` intra-op thread counts (default:

@@ -78,7 +78,7 @@ def _probe(conn: Connection, job: Job) -> None:
 
 
 def _ceiling(conn: Connection, job: Job) -> None:
-    """The step alone on one prepared batch: what no DataLoader setting can beat, with the
+    """The step alone on prepared batches: what no DataLoader setting can beat, with the
     step's rate and CPU time per batch and thread count for the pipeline profile."""
     steps = measure_step_rates(
         _workload(job),

@@ -28,7 +28,7 @@ class Mode(enum.Enum):
     PROBE = "probe"
     """A couple of steps at each of ``Job.batches`` in turn: which batch values fit."""
     CEILING = "ceiling"
-    """The step alone on one prepared batch, over ``Job.batches`` and ``Job.threads``."""
+    """The step alone on prepared batches, over ``Job.batches`` and ``Job.threads``."""
     PIPELINE = "pipeline"
     """The pipeline profile's measured part: fetch, collate, IPC, transfer, worker memory."""
 
