@@ -17,7 +17,7 @@ import torch
 from optuna.distributions import IntDistribution
 from torch.utils.data import Dataset
 
-from objectives import Workload
+from objectives import Workload, text_workload
 from tests.conftest import run_cli
 from tests.tuner_tests.workloads import fast
 from tuner._naming import CEILING_ATTR, REMEASURED_ATTR
@@ -25,7 +25,7 @@ from tuner.insight._summary import efficiency
 from tuner.run import N_STARTUP_TRIALS
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling
 from tuner.search._settings import LoaderSettings
-from tuner.trial._ceiling import measure_step_rates
+from tuner.trial._ceiling import measure_step_rates, strata
 from tuner.trial._measure import measure
 
 STEP_S = 0.05
@@ -124,6 +124,18 @@ def test_under_a_batch_sampler_the_ceiling_is_the_epochs_batches_not_its_first()
     # alone twice the epoch's.
     epoch_rate = (1 + BATCH) / 2 / STEP_S
     assert 0.6 * epoch_rate < ceiling <= 1.05 * epoch_rate
+
+
+@pytest.mark.parametrize("tokens", [1024, 2048, 8192])
+def test_the_chosen_batches_of_a_token_budget_hold_the_epochs_mean_samples(tokens: int) -> None:
+    text = text_workload()
+    assert text.batch_sampler is not None
+    plan = [list(batch) for batch in text.batch_sampler(text.dataset, tokens, 0)]
+    mean = sum(map(len, plan)) / len(plan)
+    for count in range(1, 9):
+        chosen = strata(plan, count)
+        assert len(chosen) == count
+        assert sum(map(len, chosen)) / count == pytest.approx(mean, rel=0.03)
 
 
 def test_the_main_processs_peak_is_kept_per_batch_value() -> None:

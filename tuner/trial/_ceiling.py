@@ -11,14 +11,15 @@ Where a batch sampler packs batches of differing samples (a token budget), one b
 epoch's rate: text's first batch (seed 0) holds 4, 40 and 14 samples at 1,024, 2,048 and 4,096
 tokens where the epoch's mean is 9, 19 and 38, and a stored text profile's ceiling read 2,427
 samples/s at 2,048 tokens against 932 at 1,024 and 590 at 4,096 (``c5208cf``, docs/data).
-There the step turns through :data:`ROTATED_BATCHES` of the epoch's batches, one from each
-equal slice of the plan sorted by samples, whose mean comes within 2-8% of the epoch's.
+There the step warms up on the batch nearest the epoch's mean, then turns through up to
+:data:`ROTATED_BATCHES` of the epoch's batches (:func:`strata`), as many as the window holds
+steps, in whole turns: turning through 8 whatever the window made a text study's set-up (probe,
+ceiling, profile) take 96 s, its large batches' steps taking over a second each.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
 from collections.abc import Sequence
 
@@ -31,39 +32,76 @@ from tuner.search._settings import LoaderSettings
 from tuner.trial._heaviest import fetched_batches, heaviest_batch
 from tuner.trial._measure import count_samples, synchronize
 
-__all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_step_rates"]
+__all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_step_rates", "strata"]
 
 
 ROTATED_BATCHES = 8
-"""Batches the step turns through where a batch sampler makes batches differ."""
+"""At most this many batches the step turns through where a batch sampler makes batches differ."""
 
 
-def _step_batches(workload: Workload, settings: LoaderSettings, seed: int) -> list[object]:
-    """The batches the step is timed on, built once, as the main process builds them: the first
-    of a main-process DataLoader, or under a batch sampler one batch from each of
-    :data:`ROTATED_BATCHES` equal slices of the epoch's plan sorted by samples (the middle of
-    each: a stratified sample of the epoch)."""
-    if workload.batch_sampler is not None:
-        plan = sorted(workload.batch_sampler(workload.dataset, settings.batch, seed), key=len)
-        count = min(ROTATED_BATCHES, len(plan))
-        return fetched_batches(
-            workload, [plan[int((i + 0.5) * len(plan) / count)] for i in range(count)]
+def strata(plan: Sequence[Sequence[int]], count: int) -> list[Sequence[int]]:
+    """One batch from each of ``count`` equal slices of ``plan`` sorted by samples, each chosen
+    to keep the running mean of the chosen on the epoch's: a slice's middle batch would not (a
+    token budget's batches are skewed, a few hold many short samples), nor, where a slice holds
+    only two or three batches, the one nearest its own mean."""
+    ordered = sorted(plan, key=len)
+    count = max(1, min(count, len(ordered)))
+    mean = sum(map(len, ordered)) / len(ordered)
+    chosen: list[Sequence[int]] = []
+    total = 0
+    for number in range(count):
+        part = ordered[number * len(ordered) // count : (number + 1) * len(ordered) // count]
+        pick = min(part, key=lambda batch: abs(total + len(batch) - mean * (number + 1)))
+        chosen.append(pick)
+        total += len(pick)
+    return chosen
+
+
+class _StepBatches:
+    """The batches the step is timed on, built as the main process builds them, on the device:
+    a main-process DataLoader's first, or under a batch sampler :func:`strata` of the epoch's
+    plan, as many as the window has steps for (built once per count)."""
+
+    def __init__(
+        self, workload: Workload, settings: LoaderSettings, seed: int, device: torch.device
+    ) -> None:
+        self._workload = workload
+        self._device = device
+        self._built: dict[int, list[object]] = {}
+        self._plan: list[list[int]] | None = None
+        if workload.batch_sampler is not None:
+            self._plan = [
+                list(batch)
+                for batch in workload.batch_sampler(workload.dataset, settings.batch, seed)
+            ]
+            return
+        alone = dataclasses.replace(
+            settings,
+            num_workers=0,
+            prefetch_factor=None,
+            persistent_workers=False,
+            pin_memory=False,
+            multiprocessing_context=None,
         )
-    alone = dataclasses.replace(
-        settings,
-        num_workers=0,
-        prefetch_factor=None,
-        persistent_workers=False,
-        pin_memory=False,
-        multiprocessing_context=None,
-    )
-    loader = DataLoader(workload.dataset, **alone.build_dataloader_kwargs(workload, seed))
-    return [next(iter(loader))]
+        loader = DataLoader(workload.dataset, **alone.build_dataloader_kwargs(workload, seed))
+        self._built[1] = [move_to_device(next(iter(loader)), device)]
+
+    def take(self, count: int) -> list[object]:
+        """``count`` batches (at most :data:`ROTATED_BATCHES`; one without a batch sampler);
+        one alone is the batch nearest the epoch's mean."""
+        if self._plan is None:
+            return self._built[1]
+        count = max(1, min(count, ROTATED_BATCHES, len(self._plan)))
+        if count not in self._built:
+            self._built.clear()  # one set on the device at a time
+            fetched = fetched_batches(self._workload, strata(self._plan, count))
+            self._built[count] = [move_to_device(batch, self._device) for batch in fetched]
+        return self._built[count]
 
 
 def _step_rate(
     workload: Workload,
-    batches: Sequence[object],
+    batches: _StepBatches,
     settings: LoaderSettings,
     device: torch.device,
     window_s: float,
@@ -71,17 +109,11 @@ def _step_rate(
     min_steps: int,
     heaviest: object | None = None,
 ) -> tuple[float, float]:
-    """samples/s of the step turning through ``batches``, and the CPU seconds it spends per
-    sample (the epoch's ``heaviest`` batch stepped once first, untimed)."""
+    """samples/s of the step turning through ``batches`` (as many as the window holds steps of
+    the warm-up's), and the CPU seconds it spends per sample (the epoch's ``heaviest`` batch
+    stepped once first, untimed)."""
     step = workload.train_step(device)
     micro_batches = 0
-    turn = itertools.cycle([(batch, count_samples(batch)) for batch in batches])
-
-    def run_one() -> int:
-        """One step on the next batch; its samples."""
-        batch, samples = next(turn)
-        stepped(batch)
-        return samples
 
     def stepped(batch: object) -> None:
         nonlocal micro_batches
@@ -92,16 +124,26 @@ def _step_rate(
 
     if heaviest is not None:  # untimed: the peak memory read after is the epoch's
         stepped(heaviest)
+    typical = batches.take(1)[0]
     warm_from = time.perf_counter()
     warm_steps = 0
-    while warm_steps < len(batches) or time.perf_counter() - warm_from < warmup_s:
-        run_one()
+    while warm_steps < 1 or time.perf_counter() - warm_from < warmup_s:
+        stepped(typical)
         warm_steps += 1
     synchronize(device)
+    step_s = (time.perf_counter() - warm_from) / warm_steps
+    chosen = batches.take(int(window_s / max(step_s, 1e-9)))
+    samples_of = [count_samples(batch) for batch in chosen]
     started, cpu_started = time.perf_counter(), time.process_time()
     steps = samples = 0
-    while steps < max(min_steps, len(batches)) or time.perf_counter() - started < window_s:
-        samples += run_one()
+    # Whole turns only, so that every chosen batch weighs the same.
+    while (
+        steps < max(min_steps, len(chosen))
+        or steps % len(chosen)
+        or time.perf_counter() - started < window_s
+    ):
+        stepped(chosen[steps % len(chosen)])
+        samples += samples_of[steps % len(chosen)]
         steps += 1
     synchronize(device)
     cpu_s = time.process_time() - cpu_started
@@ -163,19 +205,19 @@ def measure_step_rates(
     best = 0.0
     for size in sorted(batches or [settings.batch]):
         sized = dataclasses.replace(settings, batch=size)
-        batches = [move_to_device(b, device) for b in _step_batches(workload, sized, seed)]
+        prepared = _StepBatches(workload, sized, seed, device)
         heaviest = heaviest_batch(workload, sized, seed)
         if heaviest is not None:
             heaviest = move_to_device(heaviest, device)
         for count in counts:
             torch.set_num_threads(count)
             rates[count][size], cpu[count][size] = _step_rate(
-                workload, batches, sized, device, window_s, warmup_s, min_steps, heaviest
+                workload, prepared, sized, device, window_s, warmup_s, min_steps, heaviest
             )
         peak = own_peak_memory_bytes()
         if peak is not None:
             peaks[size] = peak
-        del batches, heaviest
+        del prepared, heaviest
         if device.type == "cuda":
             torch.cuda.empty_cache()
         here = max(rates[count][size] for count in counts)
