@@ -201,6 +201,31 @@ def test_the_climb_stops_at_a_batch_size_far_slower_than_the_best() -> None:
     assert time.perf_counter() - started < 2.9
 
 
+def test_the_climb_stops_past_the_best_once_a_step_is_slow() -> None:
+    class Slowing:
+        """Steps of 0.1 s at 8 samples (80 samples/s), 0.25 s at 64 (the best, 256 samples/s),
+        0.6 s at 128 (213 samples/s: past the best, not half below it), 1.2 s at 256."""
+
+        def __call__(self, batch: torch.Tensor) -> None:
+            time.sleep({8: 0.1, 64: 0.25, 128: 0.6}.get(len(batch), 1.2))
+
+        def optimizer_step(self) -> None:
+            pass
+
+    workload = Workload(
+        name="slowing",
+        dataset=Prebuilt(),
+        make_step=lambda device: Slowing(),
+        collate_fn=_as_is,
+        default_batch_size=BATCH,
+        batch_size_range=(8, 256),
+    )
+    settings = LoaderSettings(batch=8, num_workers=0, torch_num_threads=1)
+    steps = measure_step_rates(workload, settings, CPU, 0.1, 0.0, batches=[8, 64, 128, 256])
+    assert sorted(steps.rates[1]) == [8, 64, 128]  # 256's three steps (3.6 s) were not taken
+    assert steps.rates[1][128] > 0.5 * steps.rates[1][64]
+
+
 def test_a_best_near_the_ceiling_stops_the_study_once_re_measured(sqlite_url: str) -> None:
     study = _study_with_one_measured_trial(sqlite_url, compute_bound(), BATCH)
     assert near_ceiling(study, fraction=0.95) is not None

@@ -20,6 +20,7 @@ ceiling, profile) take 96 s, its large batches' steps taking over a second each.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 
@@ -108,10 +109,10 @@ def _step_rate(
     warmup_s: float,
     min_steps: int,
     heaviest: object | None = None,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """samples/s of the step turning through ``batches`` (as many as the window holds steps of
-    the warm-up's), and the CPU seconds it spends per sample (the epoch's ``heaviest`` batch
-    stepped once first, untimed)."""
+    the warm-up's), the CPU seconds it spends per sample and the seconds per step (the epoch's
+    ``heaviest`` batch stepped once first, untimed)."""
     step = workload.train_step(device)
     micro_batches = 0
 
@@ -146,14 +147,21 @@ def _step_rate(
         samples += samples_of[steps % len(chosen)]
         steps += 1
     synchronize(device)
+    elapsed_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
-    return samples / (time.perf_counter() - started), cpu_s / max(1, samples)
+    return samples / elapsed_s, cpu_s / max(1, samples), elapsed_s / steps
 
 
 CLIMB_STOP_FRACTION = 0.5
 """Going up the batch sizes stops at one whose step runs below half the best rate so far: past
 that point larger batches only get slower (caches, page faults, memory bandwidth), and each of
 their steps takes longest to measure."""
+
+SLOW_STEP_S = 0.5
+"""...and at one already slower than the best whose step takes this long at its fastest thread
+count: the next size's steps take a second or more each, and each is measured warm, twice, at
+every thread count (text's 65,536-token step took 2.6-4.3 s, and climbing to it made a study's
+set-up take 49-52 s). A size before the best is measured however slow its step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +203,8 @@ def measure_step_rates(
     ``settings.torch_num_threads``), which change the step's own speed, a lot on some machines.
     The speed per sample is not monotone in the batch size (a text step measured here ran 798
     samples/s at 8192 tokens and 91 at 32768), so the sizes are tried smallest first until one
-    falls below :data:`CLIMB_STOP_FRACTION` of the best.
+    falls below :data:`CLIMB_STOP_FRACTION` of the best, or below the best with steps of
+    :data:`SLOW_STEP_S` or more.
     """
     torch.manual_seed(seed)
     counts = list(threads or [settings.torch_num_threads])
@@ -209,11 +218,13 @@ def measure_step_rates(
         heaviest = heaviest_batch(workload, sized, seed)
         if heaviest is not None:
             heaviest = move_to_device(heaviest, device)
+        step_s = math.inf
         for count in counts:
             torch.set_num_threads(count)
-            rates[count][size], cpu[count][size] = _step_rate(
+            rates[count][size], cpu[count][size], seconds = _step_rate(
                 workload, prepared, sized, device, window_s, warmup_s, min_steps, heaviest
             )
+            step_s = min(step_s, seconds)
         peak = own_peak_memory_bytes()
         if peak is not None:
             peaks[size] = peak
@@ -221,7 +232,7 @@ def measure_step_rates(
         if device.type == "cuda":
             torch.cuda.empty_cache()
         here = max(rates[count][size] for count in counts)
-        if here < CLIMB_STOP_FRACTION * best:
+        if here < CLIMB_STOP_FRACTION * best or (here < best and step_s >= SLOW_STEP_S):
             break
         best = max(best, here)
     return StepRates(rates, cpu, peaks)
