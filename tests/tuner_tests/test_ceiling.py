@@ -9,6 +9,7 @@ sampler's random start are done and its best has been re-measured.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -172,24 +173,34 @@ def test_the_ceiling_is_the_best_over_the_thread_counts_tried() -> None:
     assert rate > 0 and torch.get_num_threads() == 2  # both were tried, the last one stays set
 
 
-def test_the_climb_stops_at_a_batch_size_far_slower_than_the_best() -> None:
-    class Cliff:
-        """A step that takes 1 ms per batch up to 64 samples and 0.5 s beyond: the cliff."""
+class _SleepingStep:
+    """A step that takes ``step_s(samples)`` seconds of sleep and no CPU."""
 
-        def __call__(self, batch: torch.Tensor) -> None:
-            time.sleep(0.001 if len(batch) <= 64 else 0.5)
+    def __init__(self, step_s: Callable[[int], float]) -> None:
+        self.step_s = step_s
 
-        def optimizer_step(self) -> None:
-            pass
+    def __call__(self, batch: torch.Tensor) -> None:
+        time.sleep(self.step_s(len(batch)))
 
-    workload = Workload(
-        name="cliff",
+    def optimizer_step(self) -> None:
+        pass
+
+
+def sleeping(name: str, step_s: Callable[[int], float], largest: int) -> Workload:
+    """A workload of prebuilt samples whose step sleeps ``step_s(samples)`` seconds."""
+    return Workload(
+        name=name,
         dataset=Prebuilt(),
-        make_step=lambda device: Cliff(),
+        make_step=lambda device: _SleepingStep(step_s),
         collate_fn=_as_is,
         default_batch_size=BATCH,
-        batch_size_range=(8, 4096),
+        batch_size_range=(8, largest),
     )
+
+
+def test_the_climb_stops_at_a_batch_size_far_slower_than_the_best() -> None:
+    # 1 ms per step up to 64 samples and 0.5 s beyond: the cliff.
+    workload = sleeping("cliff", lambda samples: 0.001 if samples <= 64 else 0.5, 4096)
     settings = LoaderSettings(batch=8, num_workers=0, torch_num_threads=1)
     started = time.perf_counter()
     rate = measure_ceiling(
@@ -202,24 +213,10 @@ def test_the_climb_stops_at_a_batch_size_far_slower_than_the_best() -> None:
 
 
 def test_the_climb_stops_past_the_best_once_a_step_is_slow() -> None:
-    class Slowing:
-        """Steps of 0.1 s at 8 samples (80 samples/s), 0.25 s at 64 (the best, 256 samples/s),
-        0.6 s at 128 (213 samples/s: past the best, not half below it), 1.2 s at 256."""
-
-        def __call__(self, batch: torch.Tensor) -> None:
-            time.sleep({8: 0.1, 64: 0.25, 128: 0.6}.get(len(batch), 1.2))
-
-        def optimizer_step(self) -> None:
-            pass
-
-    workload = Workload(
-        name="slowing",
-        dataset=Prebuilt(),
-        make_step=lambda device: Slowing(),
-        collate_fn=_as_is,
-        default_batch_size=BATCH,
-        batch_size_range=(8, 256),
-    )
+    # 0.1 s a step at 8 samples (80 samples/s), 0.25 s at 64 (the best, 256 samples/s), 0.6 s
+    # at 128 (213 samples/s: past the best, not half below it), 1.2 s at 256.
+    seconds = {8: 0.1, 64: 0.25, 128: 0.6}
+    workload = sleeping("slowing", lambda samples: seconds.get(samples, 1.2), 256)
     settings = LoaderSettings(batch=8, num_workers=0, torch_num_threads=1)
     steps = measure_step_rates(workload, settings, CPU, 0.1, 0.0, batches=[8, 64, 128, 256])
     assert sorted(steps.rates[1]) == [8, 64, 128]  # 256's three steps (3.6 s) were not taken
