@@ -13,11 +13,14 @@ intra-op threads on ``c`` usable cores, per sample:
 * everything shares the cores: ``rate * (fetch_cpu + collate + ipc_dump + ipc_load + transfer
   + step_cpu(t, b)) <= c``, with the CPU a real DataLoader spends per sample (queues, shared
   memory) where it exceeds the parts timed one by one;
-* the stages do not overlap perfectly (a batch late from the workers idles the step, a slow
-  step fills the queue and idles the workers): the rate is their smooth minimum
-  ``(producer**-k + consumer**-k + cpu**-k) ** (-1/k)`` with ``k`` =
-  :data:`OVERLAP_POWER`, below the smallest of the three; the smallest itself is the ideal
-  overlap, what the bound and the worker range are built from; without ``persistent_workers``
+* the two stages do not overlap perfectly (a batch late from the workers idles the step, a
+  slow step fills the queue and idles the workers): the rate is their smooth minimum
+  ``(producer**-k + main**-k) ** (-1/k)`` with ``k`` = :data:`OVERLAP_POWER`, where ``main`` is
+  the consumer capped by the cores, ``min(consumer, cpu)``: the cores are a limit shared by both
+  sides, not a third stage that stalls, and counted as one they took the overlap's loss twice
+  where the step itself fills the cores (text's step on 2 threads: predicted 14-19% under every
+  setting with workers). The plain minimum of the three is the ideal overlap, what the bound
+  and the worker range are built from; without ``persistent_workers``
   each epoch also starts every worker again;
 * a multi-threaded step runs at its own measured rate; its threads' extra CPU per sample counts
   against the cores in the CPU stage. (A fixed penalty for step threads beyond the cores the
@@ -61,11 +64,13 @@ __all__ = [
 ]
 
 OVERLAP_POWER = 2.0
-"""The smooth minimum's power, chosen on six measured grids (``python -m bench.overlap_fit`` on
-the ``search-*-2026-12-04`` files in docs/data): the median error of the predictions against the
-image, text and storage grids of two machines, with the plain minimum 44.7 / 30.8 / 4.1% and
-24.9 / 24.1 / 5.7%, with this power 16.3 / 26.8 / 0.9% and 14.6 / 29.6 / 3.0% (mean 22.4%
-against 15.2%; powers 1.5 and 3 gave 17.0% and 16.4%)."""
+"""The smooth minimum's power. On the stored grids whose profiles hold what the model reads
+(``python -m bench.overlap_fit``, docs/benchmarks.md 2026-12-05: image and storage of
+``c5208cf``, text of ``4ef38bc`` and ``6a02a53``, whose ceilings step the epoch's batches), the
+mean median error is 8.9% at 2, 8.7% at 1.5 and 9.9% at 3 (storage 1.8% at 2, 3.0% at 1.5);
+with the cores as a third stage it was 12.0% at 2, text's grids 16.2% and 20.3%. 2 was chosen
+on the ``search-*-2026-12-04`` grids with three stages (15.2% against 17.0% at 1.5 and 16.4%
+at 3), and kept."""
 
 HARD_MAX_WORKERS = MAX_WORKERS
 """No space goes beyond this many workers, whatever the model says (process-table sanity)."""
@@ -169,7 +174,8 @@ def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
         return epoch / epoch_s
 
     ideal = epoch_rate(min(producer, consumer, cpu))
-    return Prediction(epoch_rate(_overlap(producer, consumer, cpu)), producer, consumer, cpu, ideal)
+    overlapped = _overlap(producer, min(consumer, cpu))
+    return Prediction(epoch_rate(overlapped), producer, consumer, cpu, ideal)
 
 
 def memory_max_workers(

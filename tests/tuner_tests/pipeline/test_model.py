@@ -96,14 +96,34 @@ def test_stages_that_nearly_match_overlap_worse_than_one_that_binds_alone() -> N
     # One worker: the workers bind alone (125/s against a step at 20,000): nearly the minimum.
     alone = predict(profile, _settings(space, 1))
     assert alone.samples_per_sec == pytest.approx(alone.ideal_samples_per_sec, rel=0.01)
-    # The closer the stages, the more they lose: at 160 workers the workers (19,500/s), the step
-    # (16,700/s) and the cores (11,100/s) are within 2x of each other.
-    shares = [
-        prediction.samples_per_sec / prediction.ideal_samples_per_sec
-        for prediction in (predict(profile, _settings(space, w)) for w in (1, 16, 64, 160))
-    ]
+    # The closer the two sides, the more they lose: the workers against the main process's
+    # side, the step (16,700/s) capped by the cores (11,100/s). 64 workers (7,980/s) come
+    # closest, 1.4x apart; 160 (19,500/s) are 1.8x apart.
+    apart_and_shares = []
+    for workers in (1, 16, 64, 160):
+        prediction = predict(profile, _settings(space, workers))
+        main = min(prediction.consumer, prediction.cpu)
+        apart = max(prediction.producer, main) / min(prediction.producer, main)
+        apart_and_shares.append(
+            (apart, prediction.samples_per_sec / prediction.ideal_samples_per_sec)
+        )
+    shares = [share for _, share in sorted(apart_and_shares, reverse=True)]
     assert shares == sorted(shares, reverse=True)
-    assert shares[-1] < 0.8
+    assert shares[-1] < 0.85
+
+
+def test_a_step_that_fills_the_cores_loses_no_overlap_to_them() -> None:
+    # Workers that cost nothing, a step on both cores: the step's rate and the cores' match,
+    # one limit, not two stages (text: predicted 14-19% low when counted twice).
+    profile = _profile(
+        fetch_wall_s=1e-6,
+        fetch_cpu_s=1e-6,
+        step_rates={1: {32: 600.0}, 2: {32: 1_000.0}},
+        step_cpu_s={1: {32: 1 / 600}, 2: {32: 2 / 1_000}},
+    )
+    prediction = predict(profile, _settings(_space(), 2, threads=2))
+    assert prediction.consumer == pytest.approx(prediction.cpu, rel=0.05)
+    assert prediction.samples_per_sec == pytest.approx(prediction.ideal_samples_per_sec, rel=0.02)
 
 
 def test_workers_beyond_an_epochs_batches_add_nothing() -> None:
