@@ -19,8 +19,11 @@ intra-op threads on ``c`` usable cores, per sample:
   the consumer capped by the cores, ``min(consumer, cpu)``: the cores are a limit shared by both
   sides, not a third stage that stalls, and counted as one they took the overlap's loss twice
   where the step itself fills the cores (text's step on 2 threads: predicted 14-19% under every
-  setting with workers). The plain minimum of the three is the ideal overlap, what the bound
-  and the worker range are built from; without ``persistent_workers``
+  setting with workers). It trades image for text: on the fresh grids of 2026-12-05 image's
+  settings with workers came out 17-28% high (a 2-thread step beside 2-4 decoding workers on 2
+  cores loses more than one shared limit says), median error 21.7% against 13.0% with three
+  stages, text 9.0% against 16.8% (docs/benchmarks.md). The plain minimum of the three is the
+  ideal overlap, what the bound and the worker range are built from; without ``persistent_workers``
   each epoch also starts every worker again;
 * a multi-threaded step runs at its own measured rate; its threads' extra CPU per sample counts
   against the cores in the CPU stage. (A fixed penalty for step threads beyond the cores the
