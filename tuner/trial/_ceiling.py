@@ -94,7 +94,8 @@ class _StepBatches:
             return self._built[1]
         count = max(1, min(count, ROTATED_BATCHES, len(self._plan)))
         if count not in self._built:
-            self._built.clear()  # one set on the device at a time
+            for built in [key for key in self._built if key != 1]:
+                del self._built[built]  # one set on the device at a time, beside the warm-up's
             fetched = fetched_batches(self._workload, strata(self._plan, count))
             self._built[count] = [move_to_device(batch, self._device) for batch in fetched]
         return self._built[count]
