@@ -82,6 +82,9 @@ class Point:
     settings: LoaderSettings
     samples_per_sec: float | None
     peak_bytes: int | None
+    restarted_peak_bytes: int | None = None
+    """Workers not persistent: the trial's own peak, a new epoch started after its window
+    (:mod:`tuner.trial._measure`), beside ``peak_bytes`` from a window crossing an epoch's end."""
 
 
 def grid(workload: BenchWorkload, space: SearchSpace) -> list[LoaderSettings]:
@@ -103,18 +106,22 @@ EPOCH_WINDOW_CAP_S = 30.0
 """The longest window a reference measurement takes to cross an epoch's start."""
 
 
-def reference_outcome(harness: Harness, setting: LoaderSettings) -> TrialOutcome:
+def reference_outcome(
+    harness: Harness, setting: LoaderSettings
+) -> tuple[TrialOutcome, TrialOutcome | None]:
     """One measurement as a trial's; where the setting's workers are forked again at each
-    epoch's start and the window crossed none, again over a window that does (the epoch's
-    length from the first window's rate, up to :data:`EPOCH_WINDOW_CAP_S`): from the second
-    epoch on, each such worker holds a copy of the step's memory, which training reaches."""
+    epoch's start and the window crossed no epoch's end, again over a window that does (the
+    epoch's length from the first window's rate, up to :data:`EPOCH_WINDOW_CAP_S`): from the
+    second epoch on, each such worker holds a copy of the step's memory, which training
+    reaches. The reference, and the trial's own measurement where it is not the reference
+    (its new epoch started after the window, the tuner's way of seeing the copies)."""
     outcome = harness.runner.measure(setting)
     attrs = outcome.attrs
     if outcome.state != "complete" or not reforked_workers(setting) or attrs.get("epochs"):
-        return outcome
+        return outcome, None
     length = harness.prepared.workload.dataset_length
     if length is None:
-        return outcome
+        return outcome, None
     epoch_s = length / float(attrs["samples_per_sec"])
     runner = harness.runner
     template = runner.job_template
@@ -122,7 +129,7 @@ def reference_outcome(harness: Harness, setting: LoaderSettings) -> TrialOutcome
         window_s=min(EPOCH_WINDOW_CAP_S, template.window_s + 1.5 * epoch_s)
     )
     try:
-        return runner.measure(setting)
+        return runner.measure(setting), outcome
     finally:
         runner.job_template = template
 
@@ -130,13 +137,21 @@ def reference_outcome(harness: Harness, setting: LoaderSettings) -> TrialOutcome
 def measure_points(harness: Harness, settings: Sequence[LoaderSettings]) -> list[Point]:
     points = []
     for number, setting in enumerate(settings, start=1):
-        outcome = reference_outcome(harness, setting)
+        outcome, restarted = reference_outcome(harness, setting)
         value = outcome.attrs.get("samples_per_sec") if outcome.state == "complete" else None
         peak = outcome.attrs.get("peak_host_memory_bytes")
-        points.append(Point(setting, value, peak))
+        restarted_peak = (
+            None if restarted is None else restarted.attrs.get("peak_host_memory_bytes")
+        )
+        points.append(Point(setting, value, peak, restarted_peak))
+        beside = (
+            ""
+            if restarted_peak is None
+            else f" (epoch started after the window: {format_bytes(restarted_peak)})"
+        )
         print(
             f"  {number:2d}/{len(settings)} {describe(setting):28s} "
-            f"{format_bytes(peak):>10s} {value or 0:8.1f}/s {outcome.reason or ''}",
+            f"{format_bytes(peak):>10s} {value or 0:8.1f}/s {outcome.reason or ''}{beside}",
             flush=True,
         )
     return points
@@ -304,10 +319,12 @@ def peaks_table(points: Sequence[Point], batch_param: str) -> str:
             describe(p.settings, batch_param),
             format_bytes(p.peak_bytes),
             f"{p.samples_per_sec or 0:,.1f}",
+            format_bytes(p.restarted_peak_bytes) if p.restarted_peak_bytes else "-",
         ]
         for p in sorted(points, key=lambda p: p.peak_bytes or 0)
     ]
-    return markdown_table(["setting", "real peak", "samples/s"], rows)
+    headers = ["setting", "real peak", "samples/s", "trial's peak (epoch started after window)"]
+    return markdown_table(headers, rows)
 
 
 def run_workload(name: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
@@ -347,6 +364,7 @@ def run_workload(name: str, args: argparse.Namespace, folder: Path) -> dict[str,
                 "settings": p.settings.to_attrs(),
                 "peak_bytes": p.peak_bytes,
                 "samples_per_sec": p.samples_per_sec,
+                "restarted_peak_bytes": p.restarted_peak_bytes,
                 "in_grid": key in grid_keys,
             }
             for key, p in known.items()

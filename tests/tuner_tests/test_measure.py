@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from objectives import text_workload
-from tests.tuner_tests.workloads import fast
+from tests.tuner_tests.workloads import Vectors, fast
 from tuner.search._settings import LoaderSettings
 from tuner.trial._measure import epoch_mean_batch, measure
 
@@ -31,3 +33,17 @@ def test_a_batch_sampler_counts_each_batch_at_the_epochs_mean_size() -> None:
     assert min(map(len, plan)) < mean < max(map(len, plan))  # sizes do vary
     measured = measure(workload, settings, CPU, window_s=0.3, warmup_s=0.0)
     assert measured.samples_per_sec == pytest.approx(measured.batches * mean / measured.window_s)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_forked_again_each_epoch_start_a_second_one_after_the_window(
+    persistent: bool,
+) -> None:
+    """From the second epoch, such workers copy the step's memory: the trial's peak holds it."""
+    workload = dataclasses.replace(fast(), dataset=Vectors(size=100_000))
+    settings = LoaderSettings(
+        batch=8, num_workers=1, prefetch_factor=2, persistent_workers=persistent
+    )
+    measured = measure(workload, settings, CPU, window_s=0.2, warmup_s=0.0)
+    assert measured.epochs == 0  # the window stayed inside the first epoch
+    assert measured.epoch_starts == (0 if persistent else 1)
