@@ -15,9 +15,7 @@ worker's first batch, none prefetched) the model puts 5% over the limit or more 
 limit, but workers forking and their first batches can cross the limit between two readings. A
 queue fills a batch at a time, and only where the step is the slower side, so the guard sees it
 coming; counted full, it pruned image's 2 workers, batch 64, prefetch 5, float at a predicted
-521 MiB whose real peak was 304. Copies that workers forked again at an epoch's start keep
-count only where a trial measured them, not at their upper bound
-(:mod:`tuner.search._memory_model`). The margin against a model that overestimates: a setting
+521 MiB whose real peak was 304. The margin against a model that overestimates: a setting
 pruned so really holding under 90% of the limit (a false alarm) takes an error over 15%.
 Such a prune makes no wall either.
 """
@@ -125,10 +123,10 @@ def memory_figures(
 ) -> MemoryFigures | None:
     """The model's figures for ``settings``' knobs, fitted to the complete trials (all knobs);
     until there are enough of them, ``prior`` scaled by measured/predicted at the nearest
-    complete trial (:func:`calibrated_prior`). A trial of workers that are not persistent that
-    started no second epoch is left out (one recorded before trials started one after their
-    window): its peak holds none of the copies of the step's memory that they make from the
-    second epoch on (:func:`~tuner.search._memory_model.reforked_workers`)."""
+    complete trial (:func:`calibrated_prior`). A trial of workers that are not persistent whose
+    window crossed no epoch's end is left out: its peak holds only part of the copies of the
+    step's memory that they make from the second epoch on (the epoch it starts after its window)
+    (:func:`~tuner.search._memory_model.reforked_workers`)."""
     observations = []
     for trial in trials:
         attrs = trial.user_attrs
@@ -136,7 +134,7 @@ def memory_figures(
         if trial.state != TrialState.COMPLETE or peak is None or "repeat_of" in attrs:
             continue
         measured = trial_settings(trial)
-        if reforked_workers(measured) and not attrs.get("epoch_starts"):
+        if reforked_workers(measured) and not attrs.get("epochs"):
             continue
         observations.append((measured, float(peak)))
     fitted = fit_memory_figures(observations, settings.knobs)
@@ -217,11 +215,7 @@ def wall_verdict(
         if fits and wall_number not in retested:
             return WallVerdict(predicted, retest_of=wall_number)
         return WallVerdict(predicted, dominated_by=wall_number)
-    fast = (
-        None
-        if figures is None
-        else predicted_peak_bytes(settings, figures, queue_full=False, bound_copies=False)
-    )
+    fast = None if figures is None else predicted_peak_bytes(settings, figures, queue_full=False)
     over = fast is not None and fast >= MODEL_PRUNE_FRACTION * host_limit_bytes
     skipped = _model_skip(trials, settings) if over else None
     if skipped is not None and skipped not in {t.user_attrs.get(MODEL_RETEST_ATTR) for t in trials}:

@@ -31,13 +31,15 @@ that cross an epoch's start (one thread, prefetch 2), persistent against not:
 so the share of the step's memory each worker keeps depends on the workload's allocations
 (0.1-0.7 here): it is fitted (``refork``, per sample of the batch) to the trials of such
 workers whose windows crossed an epoch's start, and taken as the whole step's memory (an upper
-bound) until one has. A trial that started no second epoch saw none of it: its peak is not
-the setting's and is not fitted (:func:`reforked_workers`; trials start one after their
-window, :mod:`tuner.trial._measure`). The bound is no ground to prune a setting unrun
-(``bound_copies``): it put image's non-persistent settings at 1.3x their real peaks or more,
-over the limit, in four of five ``bench.guard_precision`` runs (docs/benchmarks.md,
-2026-12-05); such a setting runs under the guard, which expects the bound, and measures its
-copies. Pure functions, no machine access.
+bound) until one has. A trial whose window did not cross one is not fitted
+(:func:`reforked_workers`): it starts a second epoch after its window
+(:mod:`tuner.trial._measure`), which reads only 50-79% of the copies on text, since they grow
+with how long the main process ran before the fork. Fitted, that under-read let text's
+non-persistent settings run at 1 worker and 8,192 tokens under a 725 MiB limit, and their copies,
+made in one step, took them to 740 and 773 MiB between two readings (2026-12-05). Counted at
+the bound, copies also stop a setting unrun (:func:`predicted_peak_bytes` with the queue
+empty): they form in one jump, as the workers' first batches do. Pure functions, no machine
+access.
 """
 
 from __future__ import annotations
@@ -107,19 +109,14 @@ def reforked_workers(settings: LoaderSettings) -> int:
 
 
 def predicted_peak_bytes(
-    settings: LoaderSettings,
-    figures: MemoryFigures,
-    queue_full: bool = True,
-    bound_copies: bool = True,
+    settings: LoaderSettings, figures: MemoryFigures, queue_full: bool = True
 ) -> int:
     """The model's peak of the trial's process tree (PSS) for ``settings``; with ``queue_full``
     False, what forms before the guard's next readings: each worker's first batch, none queued
     (the queue fills batch by batch, and only where the step is slower than the workers).
-    Workers that are not persistent count from the second epoch on, with their copies; with
-    ``bound_copies`` False, only copies measured (``refork_sample_bytes``), none at the upper
-    bound."""
-    copies = figures.refork_bytes_per_sample if bound_copies else figures.refork_sample_bytes
-    step = figures.step_bytes_per_sample + reforked_workers(settings) * (copies or 0.0)
+    Workers that are not persistent count from the second epoch on, with their copies."""
+    step = figures.step_bytes_per_sample
+    step += reforked_workers(settings) * figures.refork_bytes_per_sample
     queued = _in_flight(settings) if queue_full else float(settings.num_workers)
     in_flight = min(queued, figures.max_in_flight)
     return round(

@@ -70,14 +70,6 @@ APPROACH_FRACTION = 0.98
 CONFIRM_FRACTION = 0.90
 """An exact reading this close to its limit confirms a projected crossing."""
 
-BREAKOUT_FRACTION = 0.005
-"""Within 10% of its limit, a reading this share of the limit above the highest before it is
-growth; at or below it, the wander of a plateau."""
-
-NEAR_RISING_INTERVALS = 2
-"""Within 10% of its limit, growth over this many intervals in a row is projected, at their
-slower speed."""
-
 SUSTAINED_S = 0.6
 """Growth at every exact reading for this long, within one tree, is growth that lasts."""
 
@@ -196,8 +188,6 @@ class _Series:
         self._points: collections.deque[tuple[float, float]] = collections.deque()
         self._horizon_s = horizon_s
         self.peak: float | None = None
-        self.peak_before: float | None = None
-        """The peak before the latest reading."""
 
     def add(self, at: float, value: float | None) -> None:
         if value is None:
@@ -205,17 +195,17 @@ class _Series:
         self._points.append((at, value))
         while self._points and at - self._points[0][0] > self._horizon_s:
             self._points.popleft()
-        self.peak_before = self.peak
         self.peak = value if self.peak is None else max(self.peak, value)
 
     def restart(self) -> None:
         """Forget the growth so far (the tree changed); the peak stays."""
         self._points.clear()
 
-    def recent_rate_per_s(self, intervals: int) -> float | None:
-        """The slowest speed of the last ``intervals`` intervals, if each rose; else None."""
-        speeds = _speeds(list(self._points)[-intervals - 1 :])
-        return min(speeds) if len(speeds) == intervals and min(speeds) > 0 else None
+    def rate_per_s(self) -> float:
+        if len(self._points) < 2:
+            return 0.0
+        (t0, v0), (t1, v1) = self._points[0], self._points[-1]
+        return max(0.0, (v1 - v0) / (t1 - t0)) if t1 > t0 else 0.0
 
     def sustained_rate_per_s(self) -> float | None:
         """The speed growth has kept, if it rose at every reading for :data:`SUSTAINED_S`.
@@ -308,7 +298,6 @@ class MemoryGuard:
         # (exact PSS, tree RSS, tree pids, when) at the last exact reading
         self._pss_base: tuple[int, int, frozenset[int], float] | None = None
         self._last_rss: int | None = None
-        self._last_tree: int | None = None
         self._next_interval_s = self.interval_s
 
     def stop(self) -> None:
@@ -337,18 +326,13 @@ class MemoryGuard:
         return 2 * self._next_interval_s + self._kill_time_s
 
     def _pace(self, tree_bytes: int | None, rss: int | None) -> None:
-        """Set the next interval from this tick's tree reading and RSS: fast while either moves
-        near the limit, so growth there is projected over a short look-ahead (PSS wanders by
-        2-4% of the limit with each step's allocations where RSS holds: image's w1 b64 pf2 at
-        311-327 MiB under 347, projected over 0.2 s intervals, was stopped at 94%)."""
-        pairs = ((rss, self._last_rss), (tree_bytes, self._last_tree))
-        self._last_rss, self._last_tree = rss, tree_bytes
+        """Set the next interval from this tick's tree reading and RSS."""
+        previous, self._last_rss = self._last_rss, rss
         limit = self.limits.host_bytes
-        moving = any(
-            now is not None
-            and before is not None
-            and abs(now - before) >= FAST_MOVE_FRACTION * limit
-            for now, before in pairs
+        moving = (
+            rss is not None
+            and previous is not None
+            and abs(rss - previous) >= FAST_MOVE_FRACTION * limit
         )
         near = tree_bytes is not None and tree_bytes >= NEAR_FRACTION * limit
         fast = near and moving
@@ -464,21 +448,10 @@ class MemoryGuard:
             return None
         if value >= APPROACH_FRACTION * limit:
             return Breach(kind, value, limit, predicted=False)
-        # Within 10% of the limit, growth to a new high, still going, is projected at its
-        # recent speed, or as settling where it slows at every reading: no room is left to be
-        # wrong. A single jump is not, nor the ramp before it: workers forking and their first
-        # batches jump once and hold (image's w2 b32 pf1 uint8: 142 -> 334 MiB, then 323-341
-        # MiB under a 347 MiB limit; projected at the second's mean speed it was stopped at 96%
-        # of the limit, 2026-12-05). Nor is a plateau's wander, each step's allocations moving
-        # PSS by 2-9% of the limit (w1 b64 pf2 float: 289-327 MiB, stopped at 91% on two rises
-        # in a row). Near the limit the guard reads again within 0.05 s (FAST_INTERVAL_S) while
-        # the tree moves, and a reading within 2% stops it.
+        # Within 10% of the limit, growth is projected as it is: no room is left to be wrong.
+        near = value >= CONFIRM_FRACTION * limit
         ahead_s = self._lookahead_s()
-        near = value >= CONFIRM_FRACTION * limit and (
-            series.peak_before is None or value - series.peak_before >= BREAKOUT_FRACTION * limit
-        )
-        recent = series.recent_rate_per_s(NEAR_RISING_INTERVALS) if near else None
-        if recent is not None and value + series.growth_within(ahead_s, recent) >= limit:
+        if near and value + series.rate_per_s() * ahead_s >= limit:
             return Breach(kind, value, limit, predicted=True)
         if expected is not None and value < expected < limit:
             return None  # the ramp to a peak that fits

@@ -49,7 +49,8 @@ It reads part of the copies: on text (8,192 tokens, 1 worker, 2026-12-05) the co
 229-363 MiB this way against 369-457 over a window crossing the epoch's end (50-79%); 8 steps
 instead of 2 read about the same, a fork right after the heaviest batch fewer (95-133 MiB):
 they grow with how long the main process ran before the fork. So such a setting's recorded
-peak is under what training's later epochs reach, though nearer than with no new epoch."""
+peak is under what training's later epochs reach, though nearer than with no new epoch, and the
+memory model does not fit its copies from it (:mod:`tuner.search._memory_model`)."""
 
 ProgressCallback = Callable[[float, float, float], None]
 """``progress(elapsed_s, samples_per_sec_so_far, data_wait_fraction_so_far)`` in the window."""
@@ -71,8 +72,9 @@ class Measurement:
     """Per step (merged when long): seconds into the window, data wait, step time."""
     epoch_starts: int = 0
     """New epochs the loader started in the run after its first, window or not, one started
-    after the window included: from the second on, workers that are not persistent are forked
-    again and copy the step's memory (:func:`~tuner.search._memory_model.reforked_workers`)."""
+    after the window included (:data:`REFORK_STEPS`): from the second on, workers that are not
+    persistent are forked again and copy the step's memory
+    (:func:`~tuner.search._memory_model.reforked_workers`)."""
     own_peak_host_memory_bytes: int | None = None
     """The trial's tree after the window plus how far the main process's RSS has been above
     where it is then (the kernel's high-water mark): a step's transient peak, which the guard's
