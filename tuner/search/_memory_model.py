@@ -35,10 +35,10 @@ bound) until one has. A trial whose window did not cross one is not fitted
 (:func:`reforked_workers`): it starts a second epoch after its window
 (:mod:`tuner.trial._measure`), which reads only 50-79% of the copies on text, since they grow
 with how long the main process ran before the fork. Fitted, that under-read let text's
-non-persistent settings run at 1 worker and 8,192 tokens under a 725 MiB limit, and their copies,
-made in one step, took them to 740 and 773 MiB between two readings (2026-12-05). Counted at
-the bound, copies also stop a setting unrun (:func:`predicted_peak_bytes` with the queue
-empty): they form in one jump, as the workers' first batches do. Pure functions, no machine
+non-persistent settings run at 1 worker and 8,192 tokens under a 725 MiB limit, and the guard's
+first reading past 98% of it was already 740 and 773 MiB (2026-12-05). Counted at the bound,
+copies also stop a setting unrun (:func:`predicted_peak_bytes` with the queue empty): they can
+form faster than the guard reads, as the workers' first batches do. Pure functions, no machine
 access.
 """
 

@@ -9,7 +9,7 @@ samples/sec counts each batch at its epoch's mean size (:func:`epoch_mean_batch`
 dataset gives its samples' lengths, the warm-up starts with the epoch's heaviest batch, so the
 trial's peak memory is the epoch's (:mod:`tuner.trial._heaviest`). Where the workers are not
 persistent and the run crossed no epoch's end, a new epoch starts after the window, so the
-peak holds what training's second epoch holds (:data:`REFORK_STEPS`).
+peak holds part of what training's second epoch holds (:data:`REFORK_STEPS`).
 """
 
 from __future__ import annotations
