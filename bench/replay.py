@@ -10,7 +10,7 @@ The study runs as the tuner's does where it matters for the pick: the two baseli
 strategy's sampler (``tuner.run.make_sampler``), its pruner (``make_pruner``: for ``tpe`` it
 is shown a noisier reading, as half a second into the window), a repeated setting answered with
 its twin's outcome, then the top candidates (``tuner.run._remeasure.final_candidates``)
-re-measured in fresh noisy rounds and picked by ``tuner.run._remeasure.pick_best``. The score
+re-measured in fresh noisy rounds and picked by ``tuner.run._remeasure.race``. The score
 is the pick's true value over the grid's best.
 
 ``model`` (``--sampler model``), so a change to it is judged over 40 seeds in seconds rather
@@ -60,7 +60,7 @@ from tuner._attrs import has_settings, trial_settings
 from tuner.pipeline import PipelineModel, PipelineProfile, worker_range
 from tuner.pipeline._refine import _distance
 from tuner.run import SAMPLERS, StudyConfig, _pipeline, make_pruner, make_sampler
-from tuner.run._remeasure import final_candidates, pick_best
+from tuner.run._remeasure import final_candidates, race
 from tuner.run._runner import TrialRunner
 from tuner.run._samplers import MODEL_STRATEGY
 from tuner.run._study import _stop_near_bound
@@ -342,11 +342,16 @@ def replay_study(
             stopped = _stop_near_bound(study, runner, config) is not None
         if done > start or not result.scores:  # a stopped study keeps its pick
             candidates = final_candidates(study, config.remeasure_top)
+            by_number = {trial.number: trial for trial in candidates}
             runs = {
                 trial.number: [read(trial_settings(trial)) for _ in range(config.remeasure_rounds)]
                 for trial in candidates
             }
-            best = pick_best(runs)
+            best = race(
+                runs,
+                lambda number, by_number=by_number: read(trial_settings(by_number[number])),
+                config.remeasure_rounds,
+            )
             picked = next(t for t in candidates if t.number == best)
             pick = trial_settings(picked)
             score = landscape.true_value(pick) / landscape.best

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -152,3 +153,54 @@ def test_tree_of_a_gone_root_is_empty() -> None:
     child.wait(timeout=30)
     with ProcessTree(child.pid) as tree:
         assert tree.members() == []
+
+
+_LATE_FORK_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, time
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped as they exit
+    os.write(1, b"ready\\n")
+    os.read(0, 1)
+    if os.fork() == 0:
+        while True:
+            time.sleep(60)
+    os.write(1, b"forked\\n")
+    while True:
+        time.sleep(60)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_kept_tree_sees_a_child_forked_after_a_listing_and_its_exit() -> None:
+    """The listing is skipped only while no pid was allocated: a later fork still joins."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _LATE_FORK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert parent.stdin is not None
+    try:
+        wait_for_lines(parent, b"ready", 1)
+        with ProcessTree(parent.pid) as tree:
+            assert [p.pid for p in tree.members()] == [parent.pid]
+            assert [p.pid for p in tree.members()] == [parent.pid]
+            parent.stdin.write(b"f")
+            parent.stdin.flush()
+            wait_for_lines(parent, b"forked", 1)
+            members = tree.members()
+            assert [p.pid for p in members] == [p.pid for p in process_tree(parent.pid)]
+            assert len(members) == 2
+            child = members[1]
+            child.kill()
+            deadline = time.monotonic() + 10
+            while len(tree.members()) != 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert [p.pid for p in tree.members()] == [parent.pid]
+    finally:
+        for process in reversed(process_tree(parent.pid)):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        parent.wait(timeout=10)
+        for stream in (parent.stdin, parent.stdout):
+            if stream is not None:
+                stream.close()
