@@ -310,6 +310,7 @@ def replay_study(
         _pipeline.enqueue_model_seed(study, modelled.space, modelled.model)
         runner = cast(TrialRunner, _GridRunner(modelled.space, modelled.model, read))
     measured: dict[str, float | None] = {}  # None: the pruner stopped it
+    first_of: dict[str, int] = {}
     result = StudyReplay({}, {})
 
     def objective(trial: optuna.Trial) -> float:
@@ -319,7 +320,10 @@ def replay_study(
         trial.set_user_attr("settings", settings.to_attrs())
         result.snapped_trials += not landscape.on_grid(settings)
         key = settings_key(settings)
-        if key not in measured:  # a repeat is answered from the study, as the tuner does
+        if key in measured:  # a repeat is answered from the study, and marked, as the tuner does
+            trial.set_user_attr("repeat_of", first_of[key])
+        else:
+            first_of[key] = trial.number
             # The pruner's look half a second into a 1.5 s window, then the whole window.
             trial.report(read(settings, window_share=1 / 3), step=1)
             measured[key] = None if trial.should_prune() else read(settings)

@@ -85,3 +85,29 @@ def test_gp_does_not_propose_again_what_the_study_answered_without_running(seed:
     unrun = [setting for setting in _study_with_a_wall(seed) if setting is not None]
     assert len(unrun) <= 8
     assert max(unrun.count(setting) for setting in unrun) <= 2
+
+
+def _study_of_one_peak(seed: int, n_trials: int = 16) -> list[tuple[int, int]]:
+    """Maximize a peak at (2, 3) over two parameters that define the whole setting, a repeat
+    answered from its twin as the tuner answers it: each trial's setting."""
+    study = optuna.create_study(direction="maximize", sampler=make_sampler("gp", seed))
+    values: dict[tuple[int, int], tuple[int, float]] = {}
+    settings = []
+    for _ in range(n_trials):
+        trial = study.ask()
+        setting = (trial.suggest_int("num_workers", 0, 4), trial.suggest_int("batch", 0, 6))
+        settings.append(setting)
+        if setting in values:
+            trial.set_user_attr("repeat_of", values[setting][0])
+        else:
+            values[setting] = (trial.number, -((setting[0] - 2) ** 2) - (setting[1] - 3) ** 2)
+        study.tell(trial, values[setting][1])
+    return settings
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gp_does_not_spend_trials_repeating_a_measured_setting(seed: int) -> None:
+    """A repeat answers from its twin: a proposal that can only repeat goes to TPE instead."""
+    settings = _study_of_one_peak(seed)
+    assert max(settings.count(setting) for setting in settings) <= 2
+    assert len(set(settings)) >= 12
