@@ -53,11 +53,11 @@ _TREE_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def forked_tree() -> Iterator[subprocess.Popen[bytes]]:
-    """A python process with two forked children, killed (children first) afterwards."""
+@contextlib.contextmanager
+def python_tree(script: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A python process running ``script`` on pipes, killed with its tree (children first)."""
     parent = subprocess.Popen(
-        [sys.executable, "-c", _TREE_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
         yield parent
@@ -69,6 +69,13 @@ def forked_tree() -> Iterator[subprocess.Popen[bytes]]:
         for stream in (parent.stdin, parent.stdout):
             if stream is not None:
                 stream.close()
+
+
+@pytest.fixture
+def forked_tree() -> Iterator[subprocess.Popen[bytes]]:
+    """A python process with two forked children."""
+    with python_tree(_TREE_SCRIPT) as parent:
+        yield parent
 
 
 def wait_for_lines(process: subprocess.Popen[bytes], expected: bytes, count: int) -> None:
@@ -175,32 +182,19 @@ _LATE_FORK_SCRIPT = textwrap.dedent(
 @pytest.mark.timeout(60)
 def test_kept_tree_sees_a_child_forked_after_a_listing_and_its_exit() -> None:
     """The listing is skipped only while no pid was allocated: a later fork still joins."""
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _LATE_FORK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    assert parent.stdin is not None
-    try:
+    with python_tree(_LATE_FORK_SCRIPT) as parent, ProcessTree(parent.pid) as tree:
+        assert parent.stdin is not None
         wait_for_lines(parent, b"ready", 1)
-        with ProcessTree(parent.pid) as tree:
-            assert [p.pid for p in tree.members()] == [parent.pid]
-            assert [p.pid for p in tree.members()] == [parent.pid]
-            parent.stdin.write(b"f")
-            parent.stdin.flush()
-            wait_for_lines(parent, b"forked", 1)
-            members = tree.members()
-            assert [p.pid for p in members] == [p.pid for p in process_tree(parent.pid)]
-            assert len(members) == 2
-            child = members[1]
-            child.kill()
-            deadline = time.monotonic() + 10
-            while len(tree.members()) != 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert [p.pid for p in tree.members()] == [parent.pid]
-    finally:
-        for process in reversed(process_tree(parent.pid)):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()
-        parent.wait(timeout=10)
-        for stream in (parent.stdin, parent.stdout):
-            if stream is not None:
-                stream.close()
+        assert [p.pid for p in tree.members()] == [parent.pid]
+        assert [p.pid for p in tree.members()] == [parent.pid]
+        parent.stdin.write(b"f")
+        parent.stdin.flush()
+        wait_for_lines(parent, b"forked", 1)
+        members = tree.members()
+        assert [p.pid for p in members] == [p.pid for p in process_tree(parent.pid)]
+        assert len(members) == 2
+        members[1].kill()
+        deadline = time.monotonic() + 10
+        while len(tree.members()) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p.pid for p in tree.members()] == [parent.pid]
