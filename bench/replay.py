@@ -309,8 +309,7 @@ def replay_study(
     if modelled is not None:
         _pipeline.enqueue_model_seed(study, modelled.space, modelled.model)
         runner = cast(TrialRunner, _GridRunner(modelled.space, modelled.model, read))
-    measured: dict[str, float | None] = {}  # None: the pruner stopped it
-    first_of: dict[str, int] = {}
+    measured: dict[str, tuple[int, float | None]] = {}  # first trial, value (None: pruned)
     result = StudyReplay({}, {})
 
     def objective(trial: optuna.Trial) -> float:
@@ -321,13 +320,12 @@ def replay_study(
         result.snapped_trials += not landscape.on_grid(settings)
         key = settings_key(settings)
         if key in measured:  # a repeat is answered from the study, and marked, as the tuner does
-            trial.set_user_attr("repeat_of", first_of[key])
+            trial.set_user_attr("repeat_of", measured[key][0])
         else:
-            first_of[key] = trial.number
             # The pruner's look half a second into a 1.5 s window, then the whole window.
             trial.report(read(settings, window_share=1 / 3), step=1)
-            measured[key] = None if trial.should_prune() else read(settings)
-        value = measured[key]
+            measured[key] = (trial.number, None if trial.should_prune() else read(settings))
+        value = measured[key][1]
         if value is None:
             raise optuna.TrialPruned()
         return value

@@ -111,6 +111,8 @@ def remeasure(
             trial = by_number[number]
             peak = trial.user_attrs.get("peak_host_memory_bytes")
             outcome = runner.measure(trial_settings(trial), expected_peak_bytes=peak)
+            if bar.total is not None and bar.n >= bar.total:  # a race's round
+                bar.total += 1
             bar.update()
             if outcome.state != "complete":
                 return None
@@ -124,13 +126,7 @@ def remeasure(
         measured = {number: values for number, values in runs.items() if values}
         if not measured:
             return {}
-
-        def race_round(number: int) -> float | None:
-            if bar.total is not None and bar.n >= bar.total:
-                bar.total += 1
-            return measure(number)
-
-        best_number = race(measured, race_round, rounds)
+        best_number = race(measured, measure, rounds)
     medians = {number: statistics.median(values) for number, values in measured.items()}
 
     def record() -> None:
