@@ -133,3 +133,15 @@ def test_growth_past_the_expected_peak_is_projected_again() -> None:
 
 def test_an_expected_peak_over_the_limit_leaves_every_projection_on() -> None:
     assert first_breach(DECODING, expected_mib=LIMIT_MIB + 10) == first_breach(DECODING)
+
+
+def test_rising_near_the_limit_toward_a_peak_the_model_puts_past_it_is_a_breach() -> None:
+    # Within 10% of the limit (621 MiB) and rising slowly: 632 + 22 MiB/s x 0.7 s stays under
+    # it, so alone it runs on; the model's peak past the limit makes the rise a breach.
+    creeping = [(0.2 * k, value) for k, value in enumerate([610, 615, 620, 624, 628, 632])]
+    assert first_breach(creeping) is None
+    assert first_breach(creeping, expected_mib=LIMIT_MIB + 40) == (624, True)
+    holding = [(0.2 * k, value) for k, value in enumerate([610, 615, 630, 630, 629, 630])]
+    assert first_breach(holding, expected_mib=LIMIT_MIB + 40) == (630, True)  # it rose to it
+    resting = [(0.2 * k, 630) for k in range(6)]
+    assert first_breach(resting, expected_mib=LIMIT_MIB + 40) is None  # the model is wrong here

@@ -10,6 +10,7 @@ import pytest
 from optuna.distributions import IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner._attrs import trial_settings
 from tuner.pipeline._profile import KNOB_COST_FIELDS, knob_key
 from tuner.run._runner import _answer_from_storage, measured_twin
 from tuner.run._walls import (
@@ -162,6 +163,20 @@ def test_the_model_prunes_unrun_a_setting_it_puts_over_the_limit_without_a_wall(
     assert _answer_from_storage(measured(), fits, wall_verdict(measured(), fits, LIMIT)) is None
     # Without enough measured trials there is no model, and nothing is pruned on it.
     assert not wall_verdict(measured()[:3], over, LIMIT).over_limit
+
+
+def test_a_baseline_is_measured_again_but_not_run_past_the_limit() -> None:
+    """The speedups are over the baseline's own measurement, not a twin's; the user's setting
+    that the model puts over the limit is pruned unrun as any other."""
+    over = setting(4, 512, 2)
+    verdict = wall_verdict(measured(), over, LIMIT)
+    answered = _answer_from_storage(measured(), over, verdict, baseline=True)
+    assert answered is not None and answered.reason == "memory_model"
+    twin = measured()[0]
+    again = trial_settings(twin)
+    verdict = wall_verdict(measured(), again, LIMIT)
+    assert _answer_from_storage(measured(), again, verdict) is not None  # a repeat
+    assert _answer_from_storage(measured(), again, verdict, baseline=True) is None  # runs
 
 
 def test_a_full_queue_alone_does_not_prune_unrun() -> None:

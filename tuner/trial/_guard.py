@@ -17,12 +17,13 @@ When it stops a trial. A reading within 2% of its limit is a breach (``predicted
 setting did not fit, and the study's memory wall is built from such breaches only). Before that,
 a breach is predicted from growth, the reading projected over the next two samples plus the
 time a kill takes, but only on evidence that the growth lasts: an exact reading already within
-10% of the limit, or growth at every exact reading for 0.6 s within one unchanged process tree,
-projected at the slowest of its last three intervals, or, where those three intervals each grew
-more slowly than the one before (a first large batch nearly built), by the shrinking increments
-they continue, which stop at an asymptote. The startup ramp (workers forking, their first pages
-and batches) grows fast and stops by itself; extrapolating it pruned settings at half their
-limit. Growth towards the peak the trial is expected to reach (``expected_bytes`` at
+10% of the limit (there, a rising reading alone is a breach where the memory model puts the
+trial's peak past the limit), or growth at every exact reading for 0.6 s within one unchanged
+process tree, projected at the slowest of its last three intervals, or, where those three
+intervals each grew more slowly than the one before (a first large batch nearly built), by the
+shrinking increments they continue, which stop at an asymptote. The startup ramp (workers
+forking, their first pages and batches) grows fast and stops by itself; extrapolating it pruned
+settings at half their limit. Growth towards the peak the trial is expected to reach (``expected_bytes`` at
 :meth:`MemoryGuard.start`: the memory model's prediction, or the peak a re-measured setting
 already recorded), where that fits the limit, is that ramp too: it is projected only past that
 peak (a leak goes on past it), or from the confirming reading near the limit. Image's ``w0 b256``
@@ -452,6 +453,11 @@ class MemoryGuard:
         near = value >= CONFIRM_FRACTION * limit
         ahead_s = self._lookahead_s()
         if near and value + series.rate_per_s() * ahead_s >= limit:
+            return Breach(kind, value, limit, predicted=True)
+        # ...and where the model puts the peak past the limit, rising there confirms it: a queue
+        # filling or a large batch's step transient can cross the last 10% between readings
+        # (image's w2 b256 pf6, model 465 MiB, read 453 under 432, 2026-12-05).
+        if near and expected is not None and expected >= limit and series.rate_per_s() > 0:
             return Breach(kind, value, limit, predicted=True)
         if expected is not None and value < expected < limit:
             return None  # the ramp to a peak that fits

@@ -67,3 +67,16 @@ def test_each_other_knob_value_is_profiled_with_its_own_costs() -> None:
         {**attrs, "usable_cores": 2.0, "step_rates": {1: {8: 100.0}}, "step_cpu_s": {1: {8: 0.01}}}
     )
     assert stored.for_knobs({"collate": "uint8"}).sample_bytes == uint8["sample_bytes"]
+
+
+def test_the_stand_in_worker_holds_one_batch_not_every_batch_it_made() -> None:
+    """torch keeps each batch pickled into shared memory mapped until its cache sweeps (past
+    128 entries); a real worker's memory stays flat, and so must the profile's reading of it."""
+    batch_bytes = 16 * 64 * 1024 * 4  # 4 MiB a batch
+    workload = Workload(
+        name="wide", dataset=Vectors(size=2048, width=64 * 1024), default_batch_size=16
+    )
+    attrs = measure_pipeline(workload, 16, CPU, [16], budget_s=1.0, max_batches=48)
+    held = attrs["measured_samples"] // 16 * batch_bytes  # every batch made, were they held
+    assert held >= 32 * batch_bytes  # enough batches that holding them would show
+    assert attrs["worker_uss_bytes"] < 96 * 2**20 <= 0.75 * held
