@@ -23,10 +23,11 @@ process tree, projected at the slowest of its last three intervals, or, where th
 intervals each grew more slowly than the one before (a first large batch nearly built), by the
 shrinking increments they continue, which stop at an asymptote. The startup ramp (workers
 forking, their first pages and batches) grows fast and stops by itself; extrapolating it pruned
-settings at half their limit. Growth towards the peak the trial is expected to reach (``expected_bytes`` at
-:meth:`MemoryGuard.start`: the memory model's prediction, or the peak a re-measured setting
-already recorded), where that fits the limit, is that ramp too: it is projected only past that
-peak (a leak goes on past it), or from the confirming reading near the limit. Image's ``w0 b256``
+settings at half their limit. Growth towards the peak the trial is expected to reach
+(``expected_bytes`` at :meth:`MemoryGuard.start`: the memory model's prediction, or the peak a
+re-measured setting already recorded), where that fits the limit, is that ramp too: it is
+projected only past that peak (a leak goes on past it), or from the confirming reading near the
+limit. Image's ``w0 b256``
 decoding its first batch grew for over 0.6 s and was stopped on a projection at 77% of its
 limit, with a real peak of 338 MiB under 439 (docs/benchmarks.md, 2026-12-05).
 
