@@ -27,9 +27,9 @@ settings at half their limit. Growth towards the peak the trial is expected to r
 (``expected_bytes`` at :meth:`MemoryGuard.start`: the memory model's prediction, or the peak a
 re-measured setting already recorded), where that fits the limit, is that ramp too: it is
 projected only past that peak (a leak goes on past it), or from the confirming reading near the
-limit. Image's ``w0 b256``
-decoding its first batch grew for over 0.6 s and was stopped on a projection at 77% of its
-limit, with a real peak of 338 MiB under 439 (docs/benchmarks.md, 2026-12-05).
+limit. Image's ``w0 b256`` decoding its first batch grew for over 0.6 s and was stopped on a
+projection at 77% of its limit, with a real peak of 338 MiB under 439 (docs/benchmarks.md,
+2026-12-05).
 
 What it reads, and what that costs. ``host`` is the trial's process tree by PSS (pages shared
 after fork counted once), exact but milliseconds per process, so it is read only when it can
