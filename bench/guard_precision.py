@@ -57,7 +57,6 @@ from tuner._naming import is_memory_prune, is_skipped_for_memory
 from tuner.insight._summary import best_trial
 from tuner.machine._memory import format_bytes
 from tuner.run._config import StudyConfig
-from tuner.search._memory_model import reforked_workers
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
 from tuner.trial._guard import MemoryGuard
@@ -117,7 +116,7 @@ def reference_outcome(
     (its new epoch started after the window, the tuner's way of seeing the copies)."""
     outcome = harness.runner.measure(setting)
     attrs = outcome.attrs
-    if outcome.state != "complete" or not reforked_workers(setting) or attrs.get("epochs"):
+    if outcome.state != "complete" or not setting.reforks_workers or attrs.get("epochs"):
         return outcome, None
     length = harness.prepared.workload.dataset_length
     if length is None:

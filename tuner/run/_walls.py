@@ -37,7 +37,6 @@ from tuner.search._memory_model import (
     fit_memory_figures,
     predicted_peak_bytes,
     prior_figures,
-    reforked_workers,
 )
 from tuner.search._settings import LoaderSettings
 
@@ -126,7 +125,7 @@ def memory_figures(
     complete trial (:func:`calibrated_prior`). A trial of workers that are not persistent whose
     window crossed no epoch's end is left out: its peak holds only part of the copies of the
     step's memory that they make from the second epoch on (the epoch it starts after its window)
-    (:func:`~tuner.search._memory_model.reforked_workers`)."""
+    (:attr:`~tuner.search.LoaderSettings.reforks_workers`)."""
     observations = []
     for trial in trials:
         attrs = trial.user_attrs
@@ -134,7 +133,7 @@ def memory_figures(
         if trial.state != TrialState.COMPLETE or peak is None or "repeat_of" in attrs:
             continue
         measured = trial_settings(trial)
-        if reforked_workers(measured) and not attrs.get("epochs"):
+        if measured.reforks_workers and not attrs.get("epochs"):
             continue
         observations.append((measured, float(peak)))
     fitted = fit_memory_figures(observations, settings.knobs)

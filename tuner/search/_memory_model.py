@@ -1,7 +1,7 @@
 """A model of a setting's host memory: what a trial will hold before it runs.
 
     peak = main + workers x worker + batch x step + batch x batches in flight x sample
-           + reforked workers x batch x refork
+           + [workers are forked again each epoch] x batch x refork
 
 where the batches in flight are ``num_workers x prefetch_factor`` (each worker's prefetched
 batches, in shared memory), twice that with ``pin_memory`` (each has a page-locked copy). The
@@ -21,20 +21,23 @@ large batch cross a limit faster than the guard reads.
 
 Workers that are not persistent are forked again at every epoch's start, from a main process
 whose heap now holds the step's batch and activations; as the main process writes that heap
-again, its pages are copied, and each worker keeps the old ones. Measured here with windows
-that cross an epoch's start (one thread, prefetch 2), persistent against not:
+again, its pages are copied, and the workers keep the old ones between them: one copy however
+many workers share it. Measured here with windows that cross an epoch's start (one thread,
+prefetch 2 unless said), persistent against not (``bench.peaks``, 2026-12-05):
 
-    text, 8,192 tokens, 1 worker:   597 -> 795 MiB   (the step's own memory about 280 MiB)
-    image, batch 128, 2 workers:    401 -> 425 MiB   (about 100 MiB)
-    image, batch 512, 2 workers:    624 -> 822 MiB   (about 255 MiB)
+    text, 8,192 tokens:         1 worker +351 MiB, 2 workers +270, 3 workers +262
+    image, batch 256, float:    1 worker +32 MiB,  2 workers +31,  4 workers +9
+    image, batch 128, uint8:    2 workers (prefetch 5) +62 MiB,    4 workers +13
 
-so the share of the step's memory each worker keeps depends on the workload's allocations
-(0.1-0.7 here): it is fitted (``refork``, per sample of the batch) to the trials of such
-workers whose windows crossed an epoch's start, and taken as the whole step's memory (an upper
-bound) until one has. A trial whose window did not cross one is not fitted
-(:func:`reforked_workers`): it starts a second epoch after its window
-(:mod:`tuner.trial._measure`), which reads only 50-79% of the copies on text, since they grow
-with how long the main process ran before the fork. Fitted, that under-read let text's
+(counted once per worker, the model put image's two workers at batch 128, prefetch 5, at 652
+MiB queue full, and pruned them unrun under 479 MiB; their real peak was 420). The share of the
+step's memory copied depends on the workload's allocations (about all of it on text, a tenth
+on image): it is fitted (``refork``, per sample of the batch) to the trials of such workers
+whose windows crossed an epoch's start, and taken as the whole step's memory (an upper bound)
+until one has. A trial whose window did not cross one is not fitted
+(:attr:`~tuner.search.LoaderSettings.reforks_workers`): it starts a second epoch after its
+window (:mod:`tuner.trial._measure`), which reads only 50-79% of the copies on text, since they
+grow with how long the main process ran before the fork. Fitted, that under-read let text's
 non-persistent settings run at 1 worker and 8,192 tokens under a 725 MiB limit, and the guard's
 first reading past 98% of it was already 740 and 773 MiB (2026-12-05). Counted at the bound,
 copies also stop a setting unrun (:func:`predicted_peak_bytes` with the queue empty): they can
@@ -58,7 +61,6 @@ __all__ = [
     "fit_memory_figures",
     "predicted_peak_bytes",
     "prior_figures",
-    "reforked_workers",
 ]
 
 SPARE_OBSERVATIONS = 1
@@ -81,8 +83,8 @@ class MemoryFigures:
     max_in_flight: float = math.inf
     """Batches in flight are counted up to this many (the deepest queue measured)."""
     refork_sample_bytes: float | None = None
-    """What each worker forked again at an epoch's start keeps of the step's memory, per sample
-    of the batch; None: the step's whole memory per sample (an upper bound)."""
+    """What the workers forked again at an epoch's start keep of the step's memory (one copy
+    between them), per sample of the batch; None: the step's whole memory (an upper bound)."""
 
     @property
     def step_bytes_per_sample(self) -> float:
@@ -91,7 +93,7 @@ class MemoryFigures:
 
     @property
     def refork_bytes_per_sample(self) -> float:
-        """A reforked worker's copy of the step's memory, per sample of the batch."""
+        """The reforked workers' copy of the step's memory, per sample of the batch."""
         if self.refork_sample_bytes is None:
             return self.step_bytes_per_sample
         return self.refork_sample_bytes
@@ -103,11 +105,6 @@ def _in_flight(settings: LoaderSettings) -> float:
     return float(settings.num_workers * (settings.prefetch_factor or 0) * copies)
 
 
-def reforked_workers(settings: LoaderSettings) -> int:
-    """Workers forked again at each epoch's start (not persistent): each copies the step's heap."""
-    return 0 if settings.persistent_workers else settings.num_workers
-
-
 def predicted_peak_bytes(
     settings: LoaderSettings, figures: MemoryFigures, queue_full: bool = True
 ) -> int:
@@ -116,7 +113,7 @@ def predicted_peak_bytes(
     (the queue fills batch by batch, and only where the step is slower than the workers).
     Workers that are not persistent count from the second epoch on, with their copies."""
     step = figures.step_bytes_per_sample
-    step += reforked_workers(settings) * figures.refork_bytes_per_sample
+    step += settings.reforks_workers * figures.refork_bytes_per_sample
     queued = _in_flight(settings) if queue_full else float(settings.num_workers)
     in_flight = min(queued, figures.max_in_flight)
     return round(
@@ -170,8 +167,8 @@ def fit_memory_figures(
     groups = sorted(
         {key for (settings, _), key in zip(observations, keys, strict=True) if _in_flight(settings)}
     )
-    reforks = any(reforked_workers(settings) for settings, _ in observations)
-    columns = 3 + len(groups) + int(reforks)
+    reforked = any(settings.reforks_workers for settings, _ in observations)
+    columns = 3 + len(groups) + int(reforked)
     if wanted not in groups or len(observations) < columns + SPARE_OBSERVATIONS:
         return None
     rows = []
@@ -180,7 +177,7 @@ def fit_memory_figures(
         rows.append(
             [1.0, settings.num_workers, settings.batch]
             + [prefetched if key == group else 0.0 for group in groups]
-            + ([reforked_workers(settings) * settings.batch] if reforks else [])
+            + ([settings.reforks_workers * settings.batch] if reforked else [])
         )
     terms = np.array(rows, dtype=float)
     peaks = np.array([peak for _, peak in observations], dtype=float)
@@ -197,5 +194,5 @@ def fit_memory_figures(
         return None
     sample = float(samples[groups.index(wanted)])
     # A copy smaller than nothing is noise: none kept.
-    refork = max(0.0, float(figures[-1])) if reforks else None
+    refork = max(0.0, float(figures[-1])) if reforked else None
     return MemoryFigures(float(main), float(worker), sample, float(step), deepest, refork)

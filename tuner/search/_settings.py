@@ -79,18 +79,20 @@ class LoaderSettings:
         fields = {field.name for field in dataclasses.fields(cls)}
         return cls(**{key: value for key, value in attrs.items() if key in fields})
 
-    def memory_footprint(self) -> tuple[int, int, int, int, int]:
-        """The memory-driving parameters, each larger meaning more memory (for the wall).
+    @property
+    def reforks_workers(self) -> bool:
+        """Whether workers are forked again at each epoch's start (not persistent): from a main
+        process that holds the step's memory by then, which is copied as it writes it again."""
+        return self.num_workers > 0 and not self.persistent_workers
 
-        Workers that are not persistent are forked again at each epoch's start, from a main
-        process that holds the step's memory by then, which each of them keeps a copy of."""
-        reforked = int(self.num_workers > 0 and not self.persistent_workers)
+    def memory_footprint(self) -> tuple[int, int, int, int, int]:
+        """The memory-driving parameters, each larger meaning more memory (for the wall)."""
         return (
             self.num_workers,
             self.batch,
             self.prefetch_factor or 0,
             int(self.pin_memory),
-            reforked,
+            int(self.reforks_workers),
         )
 
     def dominates(self, other: LoaderSettings) -> bool:

@@ -27,7 +27,6 @@ from torch.utils.data import DataLoader
 from objectives import TrainStep, Workload, move_to_device
 from tuner._lifeline import die_with_parent
 from tuner.machine._process import own_peak_memory_bytes
-from tuner.search._memory_model import reforked_workers
 from tuner.search._settings import LoaderSettings
 from tuner.trial._heaviest import heaviest_batch
 from tuner.trial._telemetry import StepTimeline
@@ -74,7 +73,7 @@ class Measurement:
     """New epochs the loader started in the run after its first, window or not, one started
     after the window included (:data:`REFORK_STEPS`): from the second on, workers that are not
     persistent are forked again and copy the step's memory
-    (:func:`~tuner.search._memory_model.reforked_workers`)."""
+    (:attr:`~tuner.search.LoaderSettings.reforks_workers`)."""
     own_peak_host_memory_bytes: int | None = None
     """The trial's tree after the window plus how far the main process's RSS has been above
     where it is then (the kernel's high-water mark): a step's transient peak, which the guard's
@@ -311,7 +310,7 @@ def measure(
             del heaviest
         loop.warm_up(warmup_s, min_warmup_batches)
         window = _run_window(loop, window_s, samples_per_batch, progress, progress_interval_s)
-        if reforked_workers(settings) and not stream.epochs:
+        if settings.reforks_workers and not stream.epochs:
             stream.start_epoch()
             for _ in range(REFORK_STEPS):
                 loop.run_one()
