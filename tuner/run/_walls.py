@@ -33,6 +33,7 @@ from tuner._attrs import has_settings, stored_settings, trial_settings
 from tuner._naming import is_memory_reason
 from tuner.pipeline import PipelineProfile, nearest_ratio
 from tuner.search._memory_model import (
+    OVER_LIMIT_FRACTION,
     MemoryFigures,
     fit_memory_figures,
     predicted_peak_bytes,
@@ -41,7 +42,6 @@ from tuner.search._memory_model import (
 from tuner.search._settings import LoaderSettings
 
 __all__ = [
-    "MODEL_PRUNE_FRACTION",
     "MODEL_RETEST_ATTR",
     "PREDICTED_PEAK_ATTR",
     "RETEST_ATTR",
@@ -66,13 +66,6 @@ not run, and proposed one setting the model wrongly put over the limit 6 and 11 
 
 RETEST_BELOW_FRACTION = 0.9
 """The model must put a dominated setting this far below the limit to re-test its wall."""
-
-MODEL_PRUNE_FRACTION = 1.05
-"""The model putting a setting's peak at this share of the limit or above prunes it unrun
-(replayed over 12 studies of ``bench.guard_precision``, docs/benchmarks.md 2026-12-04: at 1.0,
-3 of 20 such prunes held under 90% of the limit, at 1.05 none, and 16 of the 17 that did not fit
-were still caught; a scratch copy of ``bench.memory_replay``'s loop, which on the code as
-committed counts 6 prunes on those studies, none a false alarm)."""
 
 
 def memory_walls(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[int, LoaderSettings]]:
@@ -215,7 +208,7 @@ def wall_verdict(
             return WallVerdict(predicted, retest_of=wall_number)
         return WallVerdict(predicted, dominated_by=wall_number)
     fast = None if figures is None else predicted_peak_bytes(settings, figures, queue_full=False)
-    over = fast is not None and fast >= MODEL_PRUNE_FRACTION * host_limit_bytes
+    over = fast is not None and fast >= OVER_LIMIT_FRACTION * host_limit_bytes
     skipped = _model_skip(trials, settings) if over else None
     if skipped is not None and skipped not in {t.user_attrs.get(MODEL_RETEST_ATTR) for t in trials}:
         return WallVerdict(predicted, model_retest_of=skipped)

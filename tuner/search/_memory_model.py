@@ -57,11 +57,21 @@ import numpy as np
 from tuner.search._settings import LoaderSettings
 
 __all__ = [
+    "OVER_LIMIT_FRACTION",
     "MemoryFigures",
     "fit_memory_figures",
     "predicted_peak_bytes",
     "prior_figures",
 ]
+
+OVER_LIMIT_FRACTION = 1.05
+"""The model's peak at this share of a limit or above says a setting does not fit; nearer, the
+model's error decides. It prunes a setting unrun (:mod:`tuner.run._walls`; replayed over 12
+studies of ``bench.guard_precision``, docs/benchmarks.md 2026-12-04: at 1.0, 3 of 20 such
+prunes held under 90% of the limit, at 1.05 none, and 16 of the 17 that did not fit were still
+caught) and lets the guard stop a trial rising near the limit (:mod:`tuner.trial._guard`;
+image's ``w4 b128 pf8 persist uint8``, model 437-449 MiB, fitted under 430 and was stopped at
+388-399 MiB at 1.0; ``w2 b256 pf6 persist uint8``, model 465 MiB, crossed 432)."""
 
 SPARE_OBSERVATIONS = 1
 """Observations beyond the figures fitted: as many as figures would fit anything exactly."""

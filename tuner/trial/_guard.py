@@ -18,7 +18,7 @@ setting did not fit, and the study's memory wall is built from such breaches onl
 a breach is predicted from growth, the reading projected over the next two samples plus the
 time a kill takes, but only on evidence that the growth lasts: an exact reading already within
 10% of the limit (there, a rising reading alone is a breach where the memory model puts the
-trial's peak past the limit), or growth at every exact reading for 0.6 s within one unchanged
+trial's peak 5% past the limit), or growth at every exact reading for 0.6 s within one unchanged
 process tree, projected at the slowest of its last three intervals, or, where those three
 intervals each grew more slowly than the one before (a first large batch nearly built), by the
 shrinking increments they continue, which stop at an asymptote. The startup ramp (workers
@@ -61,6 +61,7 @@ import psutil
 
 from tuner.machine import _cgroup, _gpu, _memory
 from tuner.machine._process import ProcessTree
+from tuner.search._memory_model import OVER_LIMIT_FRACTION
 
 __all__ = ["Breach", "GuardLimits", "GuardReading", "MemoryGuard", "default_limits"]
 
@@ -458,7 +459,8 @@ class MemoryGuard:
         # ...and where the model puts the peak past the limit, rising there confirms it: a queue
         # filling or a large batch's step transient can cross the last 10% between readings
         # (image's w2 b256 pf6, model 465 MiB, read 453 under 432, 2026-12-05).
-        if near and expected is not None and expected >= limit and series.rate_per_s() > 0:
+        past = expected is not None and expected >= OVER_LIMIT_FRACTION * limit
+        if near and past and series.rate_per_s() > 0:
             return Breach(kind, value, limit, predicted=True)
         if expected is not None and value < expected < limit:
             return None  # the ramp to a peak that fits
