@@ -70,7 +70,7 @@ model's error decides. It prunes a setting unrun (:mod:`tuner.run._walls`; repla
 studies of ``bench.guard_precision``, docs/benchmarks.md 2026-12-04: at 1.0, 3 of 20 such
 prunes held under 90% of the limit, at 1.05 none, and 16 of the 17 that did not fit were still
 caught) and lets the guard stop a trial rising near the limit (:mod:`tuner.trial._guard`;
-image's ``w4 b128 pf8 persist uint8``, model 437-449 MiB, fitted under 430 and was stopped at
+image's ``w4 b128 pf8 persist uint8``, model 437-449 MiB, fit under 430 MiB and was stopped at
 388-399 MiB at 1.0; ``w2 b256 pf6 persist uint8``, model 465 MiB, crossed 432)."""
 
 SPARE_OBSERVATIONS = 1
