@@ -1,10 +1,11 @@
-"""The race at the end of a study: extra rounds only for candidates the fresh rounds left close."""
+"""The re-measurement at the end of a study: rounds filled up, baselines that fall behind let go,
+extra rounds only for candidates the fresh rounds left close."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from tuner.run._remeasure import RACE_MARGIN, pick_best, race
+from tuner.run._remeasure import RACE_MARGIN, fill_rounds, pick_best, race
 
 
 def reader(values: dict[int, list[float]]) -> tuple[Callable[[int], float | None], list[int]]:
@@ -50,3 +51,47 @@ def test_a_failed_extra_round_is_not_counted() -> None:
     measure, _ = reader({0: [], 1: [995.0]})
     race(runs, measure, 1)
     assert runs == {0: [1000.0], 1: [990.0, 995.0]}
+
+
+def test_rounds_an_early_stop_check_took_are_filled_up_not_repeated() -> None:
+    runs: dict[int, list[float]] = {0: [1000.0, 1020.0], 1: [], 2: [950.0]}
+    measure, asked = reader({0: [], 1: [990.0, 1000.0], 2: [960.0]})
+    fill_rounds(runs, measure, 2)
+    assert asked == [1, 1, 2]  # 1 twice, 2 once more: every candidate now has two
+    assert all(len(values) == 2 for values in runs.values())
+
+
+def test_the_rounds_are_interleaved() -> None:
+    runs: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    measure, asked = reader({0: [1.0, 1.0], 1: [1.0, 1.0], 2: [1.0, 1.0]})
+    fill_rounds(runs, measure, 2)
+    assert asked == [0, 1, 2, 0, 1, 2]
+
+
+def test_a_baseline_out_of_the_race_after_one_round_is_not_measured_again() -> None:
+    # 2 is a baseline 30% behind; 3 is a baseline within the margin: it could still be picked.
+    runs: dict[int, list[float]] = {0: [], 1: [], 2: [], 3: []}
+    measure, asked = reader(
+        {0: [1000.0, 1010.0], 1: [900.0, 950.0], 2: [700.0, 710.0], 3: [960.0, 940.0]}
+    )
+    fill_rounds(runs, measure, 2, followers={2, 3})
+    assert asked == [0, 1, 2, 3, 0, 1, 3]
+    assert runs[2] == [700.0]
+
+
+def test_a_round_that_failed_is_tried_again_in_the_next() -> None:
+    runs: dict[int, list[float]] = {0: [], 1: []}
+    values = {0: [1000.0, 1010.0], 1: [990.0]}
+    asked: list[int] = []
+    failed_once: set[int] = set()
+
+    def measure(number: int) -> float | None:
+        asked.append(number)
+        if number == 1 and number not in failed_once:
+            failed_once.add(number)
+            return None
+        return values[number].pop(0)
+
+    fill_rounds(runs, measure, 2)
+    assert asked == [0, 1, 0, 1]
+    assert runs == {0: [1000.0, 1010.0], 1: [990.0]}

@@ -2,19 +2,23 @@
 (A B C A B C ...) of the same measurement, medians recorded.
 
 Only fresh rounds count: a candidate's own trial window is where it was picked for being fast,
-so it is biased upwards, where a baseline's is not. The best is the candidate whose slowest
-round is fastest. Candidates the fresh rounds leave within :data:`RACE_MARGIN` of the leader
-race on: up to as many rounds again, each dropping those that fall behind, and the pick is made
-among those still in it (so every compared candidate has as many rounds). Finished trials are
-immutable in Optuna, so the medians live in the study's user attrs
-(``remeasured_samples_per_sec``: trial number -> median) with ``best_trial_number``; the merge
-runs under the study lock so concurrent workers of a fleet do not overwrite each other's.
+so it is biased upwards, where a baseline's is not. The runner keeps the rounds this run has
+taken, so a candidate an early-stop check already re-measured is only filled up to ``rounds`` at
+the study's end. A baseline is there for the speedups, not to be picked: after its
+first round it goes on only while that round keeps it within :data:`RACE_MARGIN` of the
+leader. The best is the candidate whose slowest round is fastest. Candidates the fresh rounds
+leave within :data:`RACE_MARGIN` of the leader race on: up to as many rounds again, each
+dropping those that fall behind, and the pick is made among those still in it (so every
+compared candidate has as many rounds). Finished trials are immutable in Optuna, so the figures
+live in the study's user attrs (``remeasured_samples_per_sec``: trial number -> median) with
+``best_trial_number``; the merge runs under the study lock so concurrent workers of a fleet do
+not overwrite each other's.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TextIO
 
 import optuna
@@ -25,7 +29,7 @@ from storage import storage_lock, with_retry
 from tuner._attrs import record_remeasured, stored_settings, trial_settings
 from tuner.run._runner import TrialRunner
 
-__all__ = ["RACE_MARGIN", "final_candidates", "pick_best", "race", "remeasure"]
+__all__ = ["RACE_MARGIN", "fill_rounds", "final_candidates", "pick_best", "race", "remeasure"]
 
 RACE_MARGIN = 0.15
 """Candidates whose median is within this share of the leader's race on. One window's spread on
@@ -63,6 +67,36 @@ def pick_best(runs: dict[int, list[float]]) -> int:
     return max(runs, key=lambda n: (min(runs[n]), statistics.median(runs[n])))
 
 
+def _behind(runs: dict[int, list[float]], number: int) -> bool:
+    """Whether ``number``'s median is out of :data:`RACE_MARGIN` of the leader's."""
+    measured = {n: values for n, values in runs.items() if values}
+    if number not in measured:
+        return False
+    leader = pick_best(measured)
+    floor = (1 - RACE_MARGIN) * statistics.median(measured[leader])
+    return statistics.median(measured[number]) < floor
+
+
+def fill_rounds(
+    runs: dict[int, list[float]],
+    measure: Callable[[int], float | None],
+    rounds: int,
+    followers: Collection[int] = (),
+) -> None:
+    """Measure each candidate of ``runs`` (candidate -> the rounds it has) up to ``rounds``
+    fresh rounds, interleaved; ``measure`` reads one (None: failed, tried again next round).
+    A follower (a baseline) stops after one round that leaves it :func:`_behind`."""
+    for index in range(rounds):
+        for number in runs:
+            if len(runs[number]) > index:
+                continue
+            if index > 0 and number in followers and _behind(runs, number):
+                continue
+            value = measure(number)
+            if value is not None:
+                runs[number].append(value)
+
+
 def race(
     runs: dict[int, list[float]],
     measure: Callable[[int], float | None],
@@ -94,18 +128,15 @@ def remeasure(
     out: TextIO,
     progress: bool = True,
 ) -> dict[int, float]:
-    """Re-measure ``trials`` (complete ones) and record; returns trial number -> median."""
+    """Re-measure ``trials`` (complete ones) up to ``rounds`` each, race the close ones, and
+    record; returns trial number -> median."""
     if rounds <= 0 or not trials:
         return {}
-    runs: dict[int, list[float]] = {trial.number: [] for trial in trials}
+    runs = {trial.number: runner.rounds.setdefault(trial.number, []) for trial in trials}
     by_number = {trial.number: trial for trial in trials}
-    with tqdm(
-        total=len(trials) * rounds,
-        desc="re-measuring",
-        file=out,
-        disable=not progress,
-        leave=False,
-    ) as bar:
+    baselines = {trial.number for trial in trials if "baseline" in trial.user_attrs}
+    owed = sum(max(0, rounds - len(values)) for values in runs.values())
+    with tqdm(total=owed, desc="re-measuring", file=out, disable=not progress, leave=False) as bar:
 
         def measure(number: int) -> float | None:
             trial = by_number[number]
@@ -118,15 +149,12 @@ def remeasure(
                 return None
             return float(outcome.attrs["samples_per_sec"])
 
-        for _ in range(rounds):
-            for trial in trials:
-                value = measure(trial.number)
-                if value is not None:
-                    runs[trial.number].append(value)
+        fill_rounds(runs, measure, rounds, baselines)
         measured = {number: values for number, values in runs.items() if values}
         if not measured:
             return {}
         best_number = race(measured, measure, rounds)
+
     medians = {number: statistics.median(values) for number, values in measured.items()}
 
     def record() -> None:

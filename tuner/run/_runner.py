@@ -134,6 +134,11 @@ class TrialRunner:
     artifact_store: FileSystemArtifactStore | None = None
     ceiling: float | None = None
     model: PipelineModel | None = None
+    rounds: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    """Trial number -> the fresh re-measured rounds this run has taken (an early-stop check's),
+    which the study's final re-measurement fills up rather than repeats. Shared by the copies
+    ``dataclasses.replace`` makes (a grown space); a run's own, never read from the study, whose
+    rounds may come from another time or another machine of the fleet."""
 
     @property
     def window_s(self) -> float:
