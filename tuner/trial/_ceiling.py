@@ -25,12 +25,13 @@ import time
 from collections.abc import Sequence
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from objectives import Workload, move_to_device
 from tuner.machine._process import own_peak_memory_bytes
 from tuner.search._settings import LoaderSettings
-from tuner.trial._heaviest import fetched_batches, heaviest_batch
+from tuner.trial._fetch import fetched_batches
+from tuner.trial._heaviest import heaviest_batch
 from tuner.trial._measure import count_samples, synchronize
 
 __all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_step_rates", "strata"]
@@ -85,7 +86,11 @@ class _StepBatches:
             multiprocessing_context=None,
         )
         loader = DataLoader(workload.dataset, **alone.build_dataloader_kwargs(workload, seed))
-        self._built[1] = [move_to_device(next(iter(loader)), device)]
+        if isinstance(workload.dataset, IterableDataset):
+            first = next(iter(loader))
+        else:  # a batch of the loader's own sampler, fetched in parallel where samples wait
+            first = fetched_batches(workload, [next(iter(loader.batch_sampler))])[0]
+        self._built[1] = [move_to_device(first, device)]
 
     def take(self, count: int) -> list[object]:
         """``count`` batches (at most :data:`ROTATED_BATCHES`; one without a batch sampler);

@@ -18,12 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader, default_collate
-
 from objectives import Workload
 from tuner.search._settings import LoaderSettings
+from tuner.trial._fetch import fetched_batches
 
-__all__ = ["fetched_batches", "heaviest_batch", "heaviest_indices"]
+__all__ = ["heaviest_batch", "heaviest_indices"]
 
 
 def _lengths(workload: Workload) -> Sequence[int] | None:
@@ -47,18 +46,6 @@ def heaviest_indices(workload: Workload, settings: LoaderSettings, seed: int) ->
         return next((list(batch) for batch in plan if longest in batch), None)
     by_length = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
     return by_length[: max(1, settings.batch)]
-
-
-def fetched_batches(workload: Workload, plan: Sequence[Sequence[int]]) -> list[Any]:
-    """The batches of ``plan`` (index lists) as a main-process DataLoader fetches and collates
-    them (the dataset's ``__getitems__`` where it has one)."""
-    loader = DataLoader(
-        workload.dataset,
-        batch_sampler=[list(indices) for indices in plan],
-        collate_fn=workload.collate_fn or default_collate,
-        num_workers=0,
-    )
-    return list(loader)
 
 
 def heaviest_batch(workload: Workload, settings: LoaderSettings, seed: int) -> Any | None:
