@@ -256,6 +256,8 @@ class _GridRunner:
     space: SearchSpace
     model: PipelineModel
     read: _Readings
+    rounds: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    """The re-measured rounds this study took (``TrialRunner.rounds``)."""
 
     def measure(
         self, settings: LoaderSettings, expected_peak_bytes: int | None = None
