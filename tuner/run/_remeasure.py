@@ -67,14 +67,12 @@ def pick_best(runs: dict[int, list[float]]) -> int:
     return max(runs, key=lambda n: (min(runs[n]), statistics.median(runs[n])))
 
 
-def _behind(runs: dict[int, list[float]], number: int) -> bool:
-    """Whether ``number``'s median is out of :data:`RACE_MARGIN` of the leader's."""
-    measured = {n: values for n, values in runs.items() if values}
-    if number not in measured:
-        return False
-    leader = pick_best(measured)
-    floor = (1 - RACE_MARGIN) * statistics.median(measured[leader])
-    return statistics.median(measured[number]) < floor
+def _in_the_race(runs: dict[int, list[float]]) -> list[int]:
+    """The candidates of ``runs`` (none empty) whose median is within :data:`RACE_MARGIN` of
+    the leader's."""
+    leader = pick_best(runs)
+    floor = (1 - RACE_MARGIN) * statistics.median(runs[leader])
+    return [number for number in runs if statistics.median(runs[number]) >= floor]
 
 
 def fill_rounds(
@@ -85,13 +83,15 @@ def fill_rounds(
 ) -> None:
     """Measure each candidate of ``runs`` (candidate -> the rounds it has) up to ``rounds``
     fresh rounds, interleaved; ``measure`` reads one (None: failed, tried again next round).
-    A follower (a baseline) stops after one round that leaves it :func:`_behind`."""
+    A follower (a baseline) stops after a round that leaves it out of :func:`_in_the_race`."""
     for index in range(rounds):
         for number in runs:
             if len(runs[number]) > index:
                 continue
-            if index > 0 and number in followers and _behind(runs, number):
-                continue
+            if index > 0 and number in followers and runs[number]:
+                measured = {n: values for n, values in runs.items() if values}
+                if number not in _in_the_race(measured):
+                    continue
             value = measure(number)
             if value is not None:
                 runs[number].append(value)
@@ -107,9 +107,7 @@ def race(
     ``extra_rounds`` times; ``measure`` reads one more round of a candidate (None: failed)."""
     racing = list(runs)
     for _ in range(extra_rounds):
-        leader = pick_best({number: runs[number] for number in racing})
-        floor = (1 - RACE_MARGIN) * statistics.median(runs[leader])
-        racing = [number for number in racing if statistics.median(runs[number]) >= floor]
+        racing = _in_the_race({number: runs[number] for number in racing})
         if len(racing) < 2:
             break
         for number in racing:
