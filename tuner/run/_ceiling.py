@@ -9,11 +9,13 @@ best is near enough to stop.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import optuna
 from optuna.trial import TrialState
 
+from storage import with_retry
 from tuner._attrs import remeasured
 from tuner._naming import (
     CEILING_ATTR,
@@ -25,13 +27,20 @@ from tuner._naming import (
 from tuner.insight._summary import best_trial, efficiency, trial_throughput
 from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
+from tuner.run._probe import MAX_BATCH_ATTR, probe_candidates, probes_batch, study_max_batch
 from tuner.run._tools import make_job
 from tuner.search._space import SearchSpace
 from tuner.trial._outcome import TrialOutcome
 from tuner.trial._protocol import Mode
 from tuner.trial._supervisor import Supervisor
 
-__all__ = ["CEILING_STOP_FRACTION", "ceiling_stop_message", "near_ceiling", "study_ceiling"]
+__all__ = [
+    "CEILING_STOP_FRACTION",
+    "ceiling_stop_message",
+    "near_ceiling",
+    "study_ceiling",
+    "study_space_and_ceiling",
+]
 
 _log = logging.getLogger("tuner")
 
@@ -88,41 +97,81 @@ def ceiling_stop_message(
     )
 
 
+def study_space_and_ceiling(
+    prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor
+) -> tuple[SearchSpace, float | None]:
+    """The space up to the largest batch that fits (:mod:`tuner.run._probe`), and the ceiling
+    over it.
+
+    The ceiling runs first, over every batch value the probe would try: it steps each one, the
+    epoch's heaviest batch and the optimizer's state included, smallest first, so where it
+    climbs without meeting the guard the sizes it stepped fit, and a probe would only repeat
+    the largest and slowest steps (text's 65,536-token step, three times: 17 s of a 40 s
+    set-up, the ceiling then stopping its climb below that size). Where the guard stops it, the
+    probe finds the edge and the ceiling is measured again below it.
+    """
+    stored = with_retry(lambda: study.user_attrs, "reading the study")
+    first_failed = False
+    if probes_batch(prepared) and MAX_BATCH_ATTR not in stored and CEILING_ATTR not in stored:
+        outcome = _measure_ceiling(prepared, supervisor, prepared.space, probe_candidates(prepared))
+        if outcome.state == "complete":
+            _store_ceiling(prepared, study, outcome)
+        elif not (outcome.state == "pruned" and is_memory_reason(outcome.reason)):
+            _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
+            first_failed = True  # the workload fails: each trial records why
+    if first_failed:
+        return prepared.space, None
+    space = dataclasses.replace(
+        prepared.space, max_batch=study_max_batch(prepared, study, supervisor)
+    )
+    return space, study_ceiling(prepared, study, supervisor, space)
+
+
+def _measure_ceiling(
+    prepared: PreparedStudy, supervisor: Supervisor, space: SearchSpace, batches: list[int]
+) -> TrialOutcome:
+    """One ceiling child over ``batches`` at one and all of ``space``'s intra-op threads."""
+    config = prepared.config
+    job = make_job(prepared, space.main_process_settings(batches[-1])).replace(
+        mode=Mode.CEILING,
+        batches=tuple(batches),
+        threads=tuple(sorted({1, space.max_threads})),
+        window_s=min(config.trial_seconds, CEILING_WINDOW_S),
+        warmup_s=min(config.warmup_seconds, CEILING_WINDOW_S / 2),
+    )
+    return supervisor.run(job, trial_deadline(config) * 2)
+
+
+def _store_ceiling(prepared: PreparedStudy, study: optuna.Study, outcome: TrialOutcome) -> float:
+    """Store a complete ceiling child's figures once per study; the study's ceiling."""
+    storage = prepared.config.storage
+    # The step's rate and CPU time per batch and thread count, for the pipeline profile, and
+    # its peak memory: measured with the ceiling, stored once before it (a worker that finds
+    # the ceiling finds them).
+    for key in (STEP_RATES_ATTR, STEP_CPU_ATTR, STEP_PEAK_ATTR):
+        if key in outcome.attrs:
+            once_per_study(study, storage, key, lambda key=key: outcome.attrs[key])
+    return float(once_per_study(study, storage, CEILING_ATTR, lambda: outcome.attrs[CEILING_ATTR]))
+
+
 def study_ceiling(
     prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor, space: SearchSpace
 ) -> float | None:
     """The study's ``ceiling_samples_per_sec``: the step alone on prepared data, measured once,
     over every batch value of ``space`` and at one and all intra-op threads."""
 
-    def run(batches: list[int]) -> TrialOutcome:
-        config = prepared.config
-        job = make_job(prepared, space.main_process_settings(batches[-1])).replace(
-            mode=Mode.CEILING,
-            batches=tuple(batches),
-            threads=tuple(sorted({1, space.max_threads})),
-            window_s=min(config.trial_seconds, CEILING_WINDOW_S),
-            warmup_s=min(config.warmup_seconds, CEILING_WINDOW_S / 2),
-        )
-        return supervisor.run(job, trial_deadline(config) * 2)
-
     def measure() -> float | None:
-        config = prepared.config
         batches = space.batch_choices()
-        outcome = run(batches)
+        outcome = _measure_ceiling(prepared, supervisor, space, batches)
         # Under a tight limit the largest batch the probe let through can still cross it with
         # the step's other thread count: the ceiling is then measured without it.
         while outcome.state == "pruned" and is_memory_reason(outcome.reason) and len(batches) > 1:
             batches = batches[:-1]
-            outcome = run(batches)
+            outcome = _measure_ceiling(prepared, supervisor, space, batches)
         if outcome.state != "complete":
             _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
             return None
-        # The step's rate and CPU time per batch and thread count, for the pipeline profile:
-        # measured with the ceiling, stored once with it.
-        for key in (STEP_RATES_ATTR, STEP_CPU_ATTR, STEP_PEAK_ATTR):
-            if key in outcome.attrs:
-                once_per_study(study, config.storage, key, lambda key=key: outcome.attrs[key])
-        return float(outcome.attrs[CEILING_ATTR])
+        return _store_ceiling(prepared, study, outcome)
 
     value = once_per_study(study, prepared.config.storage, CEILING_ATTR, measure)
     return None if value is None else float(value)

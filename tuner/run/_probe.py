@@ -1,25 +1,37 @@
 """Finding the edge first: the largest batch that fits under the guard's limits.
 
-Doubles the batch (one child, a couple of steps at each size, no workers) until the guard or an
-out-of-memory error stops it, as Lightning's batch-size finder does, then bisects once between
-the last size that fitted and the first that did not. The result bounds the batch-size range so
-that trials are spent below the wall, not on it.
+The ceiling usually finds it (:func:`tuner.run._ceiling.study_space_and_ceiling`): it steps
+every batch value smallest first, the epoch's heaviest batch and the optimizer's state
+included, so the largest size it climbed to is the edge (:func:`climbed_edge`). Where the guard
+stopped the ceiling, the probe here finds it: it doubles the batch (one child, a couple of steps
+at each size, no workers) until the guard or an out-of-memory error stops it, as Lightning's
+batch-size finder does, then bisects once between the last size that fitted and the first that
+did not. The result bounds the batch-size range so that trials are spent below the wall, not on
+it.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import optuna
 
-from tuner._naming import is_memory_reason
+from tuner._naming import STEP_RATES_ATTR, is_memory_reason
 from tuner.run._config import ConfigError, PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
 from tuner.run._tools import make_job
 from tuner.trial._protocol import Fits, Job, Mode
 from tuner.trial._supervisor import Supervisor
 
-__all__ = ["MAX_BATCH_ATTR", "probe_max_batch", "study_max_batch"]
+__all__ = [
+    "MAX_BATCH_ATTR",
+    "climbed_edge",
+    "probe_candidates",
+    "probe_max_batch",
+    "probes_batch",
+    "study_max_batch",
+]
 
 MAX_BATCH_ATTR = "max_batch_size"
 
@@ -71,21 +83,54 @@ def probe_max_batch(
     return fitted[-1], reason
 
 
+def probes_batch(prepared: PreparedStudy) -> bool:
+    """Whether this run looks for the edge (not under ``--no-probe-batch`` or a fixed batch)."""
+    space = prepared.space
+    return prepared.config.probe_batch and space.batch_param not in space.fixed
+
+
+def probe_candidates(prepared: PreparedStudy) -> list[int]:
+    """The batch values the edge is looked for among: the space's, none past the dataset."""
+    space = prepared.space
+    candidates = space.batch_choices()
+    length = prepared.workload.dataset_length
+    if space.batch_param == "batch_size" and length is not None:
+        candidates = [b for b in candidates if b <= max(candidates[0], length)]
+    return candidates
+
+
+def climbed_edge(prepared: PreparedStudy, attrs: dict[str, Any]) -> int | None:
+    """The largest of :func:`probe_candidates` the stored ceiling stepped, or None.
+
+    Only a ceiling run over every candidate stores its rates before the edge is stored (one
+    measured below a probed edge comes after it), and the sizes it did not reach either did not
+    fit or, past its climb's stop, run slower per sample than a size it measured: the edge of
+    a space tuned for samples/sec.
+    """
+    rates = attrs.get(STEP_RATES_ATTR)
+    if not rates:
+        return None
+    stepped = {int(batch) for row in rates.values() for batch in row}
+    fitting = [batch for batch in probe_candidates(prepared) if batch in stepped]
+    return max(fitting) if fitting else None
+
+
 def study_max_batch(
     prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor
 ) -> int | None:
-    """The study's ``max_batch_size``: probed once, by whichever worker gets there first.
+    """The study's ``max_batch_size``: the ceiling's climb (:func:`climbed_edge`), else probed,
+    once, by whichever worker gets there first.
 
     None when probing is off (``--no-probe-batch``, a fixed batch) and no worker stored one.
     """
-    space = prepared.space
-    if MAX_BATCH_ATTR not in study.user_attrs and (
-        not prepared.config.probe_batch or space.batch_param in space.fixed
-    ):
+    if MAX_BATCH_ATTR not in study.user_attrs and not probes_batch(prepared):
         return None
-    return once_per_study(
-        study, prepared.config.storage, MAX_BATCH_ATTR, lambda: _probe_or_warn(prepared, supervisor)
-    )
+
+    def find() -> int | None:
+        edge = climbed_edge(prepared, study.user_attrs)
+        return edge if edge is not None else _probe_or_warn(prepared, supervisor)
+
+    return once_per_study(study, prepared.config.storage, MAX_BATCH_ATTR, find)
 
 
 def _probe_or_warn(prepared: PreparedStudy, supervisor: Supervisor) -> int | None:
@@ -100,10 +145,7 @@ def _probe_or_warn(prepared: PreparedStudy, supervisor: Supervisor) -> int | Non
 
 def _probe(prepared: PreparedStudy, supervisor: Supervisor) -> int:
     space = prepared.space
-    candidates = space.batch_choices()
-    length = prepared.workload.dataset_length
-    if space.batch_param == "batch_size" and length is not None:
-        candidates = [b for b in candidates if b <= max(candidates[0], length)]
+    candidates = probe_candidates(prepared)
     # Memory, not speed, is probed: one intra-op thread, which no machine makes pathological.
     job = make_job(prepared, space.main_process_settings(candidates[0], pin_memory=space.cuda))
     deadline_s = trial_deadline(prepared.config) * 2

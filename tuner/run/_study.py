@@ -1,5 +1,6 @@
-"""A tuning run, as the README lists its steps: validate, create or resume the study, probe the
-largest batch, measure the ceiling, enqueue the baselines, run trials, re-measure, report.
+"""A tuning run, as the README lists its steps: validate, create or resume the study, measure the
+ceiling (which finds the largest batch, or leaves it to the probe), enqueue the baselines, run
+trials, re-measure, report.
 
 Processes and what survives them: this study process owns the Optuna study, the database
 connection and the guard; each trial runs in a child (:mod:`tuner.trial`). A child that dies
@@ -31,10 +32,9 @@ from tuner.insight._note import save_study_note
 from tuner.insight._summary import print_summary
 from tuner.pipeline import PipelineModel
 from tuner.run import _pipeline
-from tuner.run._ceiling import ceiling_stop_message, near_ceiling, study_ceiling
+from tuner.run._ceiling import ceiling_stop_message, near_ceiling, study_space_and_ceiling
 from tuner.run._config import ConfigError, PreparedStudy, StudyConfig, prepare
 from tuner.run._once import once_per_study
-from tuner.run._probe import study_max_batch
 from tuner.run._remeasure import final_candidates, remeasure
 from tuner.run._runner import SearchSpaceChanged, TrialRunner
 from tuner.run._samplers import (
@@ -83,9 +83,7 @@ def _run(config: StudyConfig, out: TextIO) -> StudyResult:
     with trial_tools(prepared) as tools:
         if tools.gpu_reason is not None:
             print(f"GPU memory guard off ({tools.gpu_reason})", file=out)
-        max_batch = study_max_batch(prepared, study, tools.supervisor)
-        space = dataclasses.replace(prepared.space, max_batch=max_batch)
-        ceiling = study_ceiling(prepared, study, tools.supervisor, space)
+        space, ceiling = study_space_and_ceiling(prepared, study, tools.supervisor)
         model, space = _pipeline_model(prepared, study, tools.supervisor, space)
         runner = make_runner(prepared, tools, space, ceiling, model)
         _enqueue_first_trials(prepared, study, space, model, out)
