@@ -7,6 +7,9 @@ import dataclasses
 import pytest
 
 from tuner.trial._guard import (
+    EXACT_CPU_SHARE,
+    EXACT_EVERY_NEAR_S,
+    EXACT_EVERY_S,
     FAST_INTERVAL_S,
     SUSTAINED_S,
     MemoryGuard,
@@ -109,6 +112,27 @@ def test_the_guard_samples_faster_only_while_the_tree_moves_near_its_limit() -> 
         assert guard._lookahead_s() < 2 * guard.interval_s + guard._kill_time_s
         guard._pace(871 * MiB, 871 * MiB)  # near, at rest: an exact reading a tick costs
         assert guard.next_interval_s() == guard.interval_s
+
+
+def test_timed_exact_readings_are_spaced_by_their_own_cost_not_other_reasons() -> None:
+    limits = dataclasses.replace(default_limits(), host_bytes=1000 * MiB)
+    pids = frozenset({1, 2, 3})
+    with MemoryGuard(limits) as guard:
+        # The last exact reading: 400 MiB of PSS, 900 MiB of summed RSS (near the limit), at 0.
+        guard._pss_base = (400 * MiB, 900 * MiB, pids, 0.0)
+        guard._exact_cost_s = 0.001  # a few processes: the usual pace
+        assert not guard._exact_due(900 * MiB, pids, EXACT_EVERY_NEAR_S - 0.01)
+        assert guard._exact_due(900 * MiB, pids, EXACT_EVERY_NEAR_S)
+        guard._exact_cost_s = 0.3  # 200 processes at 1.5 ms each
+        spaced = guard._exact_cost_s / EXACT_CPU_SHARE
+        assert EXACT_EVERY_NEAR_S < spaced < EXACT_EVERY_S
+        assert not guard._exact_due(900 * MiB, pids, spaced - 0.01)
+        assert guard._exact_due(900 * MiB, pids, spaced)
+        # What calls for one at once still does, however costly.
+        assert guard._exact_due(900 * MiB, pids | {4}, 0.1)  # a changed tree
+        assert guard._exact_due(930 * MiB, pids, 0.1)  # RSS moved by 2% of the limit
+        guard._pss_base = (840 * MiB, 900 * MiB, pids, 0.0)
+        assert guard._exact_due(915 * MiB, pids, 0.1)  # the estimate near the limit
 
 
 # A first batch decoded in the main process: steady growth for 0.6 s, then it holds at 72% of
