@@ -60,7 +60,7 @@ from tuner._attrs import has_settings, trial_settings
 from tuner.pipeline import PipelineModel, PipelineProfile, worker_range
 from tuner.pipeline._refine import _distance
 from tuner.run import SAMPLERS, StudyConfig, _pipeline, make_pruner, make_sampler
-from tuner.run._remeasure import final_candidates, race
+from tuner.run._remeasure import final_candidates, race, race_rounds
 from tuner.run._runner import TrialRunner
 from tuner.run._samplers import MODEL_STRATEGY
 from tuner.run._study import _stop_near_bound
@@ -354,7 +354,7 @@ def replay_study(
             best = race(
                 runs,
                 lambda number, by_number=by_number: read(trial_settings(by_number[number])),
-                config.remeasure_rounds,
+                race_rounds(config.remeasure_rounds),
             )
             picked = next(t for t in candidates if t.number == best)
             pick = trial_settings(picked)
