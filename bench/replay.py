@@ -10,8 +10,9 @@ The study runs as the tuner's does where it matters for the pick: the two baseli
 strategy's sampler (``tuner.run.make_sampler``), its pruner (``make_pruner``: for ``tpe`` it
 is shown a noisier reading, as half a second into the window), a repeated setting answered with
 its twin's outcome, then the top candidates (``tuner.run._remeasure.final_candidates``)
-re-measured in fresh noisy rounds and picked by ``tuner.run._remeasure.race``. The score
-is the pick's true value over the grid's best.
+re-measured in fresh noisy rounds and picked by ``tuner.run._remeasure.race`` (its extra
+rounds the tuner's, or ``--race-rounds``; "race reads" counts them per study). The score is
+the pick's true value over the grid's best.
 
 ``model`` (``--sampler model``), so a change to it is judged over 40 seeds in seconds rather
 than 2 in half an hour, runs the tuner's own steps on the profile the search run stored
@@ -52,6 +53,7 @@ from typing import Any, cast
 
 import optuna
 import torch.utils.data
+from optuna.trial import FrozenTrial
 from tqdm import tqdm
 
 from bench._harness import describe, markdown_table, settings_key
@@ -276,6 +278,8 @@ class StudyReplay:
     """Trials whose setting is not a grid point (measured as the nearest one)."""
     snapped_picks: int = 0
     """Budgets whose pick is not a grid point."""
+    raced: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Per budget, the final race's measurements after the candidates' fresh rounds."""
 
 
 def replay_study(
@@ -287,11 +291,13 @@ def replay_study(
     noise: float,
     pruning: str = "strategy",
     setup: ModelSetup | None = None,
+    extra_rounds: int | None = None,
 ) -> StudyReplay:
     """One study to the largest budget (or, under ``model``, its stop); see the module docstring.
 
     ``pruning``: ``strategy`` (the strategy's own pruner, as the tuner runs it), ``off``, ``on``.
-    ``setup``: the model's space and model, required by ``model``.
+    ``setup``: the model's space and model, required by ``model``. ``extra_rounds``: the final
+    race's rounds (default the tuner's, :func:`~tuner.run._remeasure.race_rounds`).
     """
     if strategy == MODEL_STRATEGY and setup is None:
         raise ValueError("the model strategy needs the model's setup (a profiled grid)")
@@ -332,7 +338,7 @@ def replay_study(
             raise optuna.TrialPruned()
         return value
 
-    done, stopped, score, snapped_pick = 0, False, 0.0, False
+    done, stopped, score, snapped_pick, raced = 0, False, 0.0, False, 0
     for budget in sorted(budgets):
         start = done
         if modelled is None:
@@ -351,10 +357,17 @@ def replay_study(
                 trial.number: [read(trial_settings(trial)) for _ in range(config.remeasure_rounds)]
                 for trial in candidates
             }
+            raced = 0
+
+            def race_read(number: int, by_number: dict[int, FrozenTrial] = by_number) -> float:
+                nonlocal raced
+                raced += 1
+                return read(trial_settings(by_number[number]))
+
             best = race(
                 runs,
-                lambda number, by_number=by_number: read(trial_settings(by_number[number])),
-                race_rounds(config.remeasure_rounds),
+                race_read,
+                race_rounds(config.remeasure_rounds) if extra_rounds is None else extra_rounds,
             )
             picked = next(t for t in candidates if t.number == best)
             pick = trial_settings(picked)
@@ -362,6 +375,7 @@ def replay_study(
             snapped_pick = not landscape.on_grid(pick)
         result.scores[budget] = score
         result.trials[budget] = done
+        result.raced[budget] = raced
         result.snapped_picks += snapped_pick
     return result
 
@@ -413,6 +427,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="each strategy's own pruner as the tuner runs it (default), or off or on for all",
     )
     parser.add_argument(
+        "--race-rounds",
+        type=int,
+        help="the final race's extra rounds (default: the tuner's, half the re-measure rounds)",
+    )
+    parser.add_argument(
         "--model-range",
         choices=MODEL_RANGES,
         default="tuner",
@@ -459,14 +478,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     for strategy in strategies:
         scores: dict[int, list[float]] = {budget: [] for budget in budgets}
         trials: dict[int, list[int]] = {budget: [] for budget in budgets}
+        raced: dict[int, list[int]] = {budget: [] for budget in budgets}
         snapped_trials = snapped_picks = 0
         for seed in tqdm(range(args.seeds), desc=strategy, file=sys.stderr, leave=False):
             study = replay_study(
-                landscape, baselines, strategy, seed, budgets, args.noise, args.pruning, setup
+                landscape,
+                baselines,
+                strategy,
+                seed,
+                budgets,
+                args.noise,
+                args.pruning,
+                setup,
+                args.race_rounds,
             )
             for budget in budgets:
                 scores[budget].append(study.scores[budget])
                 trials[budget].append(study.trials[budget])
+                raced[budget].append(study.raced[budget])
             snapped_trials += study.snapped_trials
             snapped_picks += study.snapped_picks
         for budget in budgets:
@@ -480,6 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{statistics.median(values):.1%}",
                     f"{statistics.quantiles(values, n=10)[0]:.1%}" if len(values) > 1 else "-",
                     f"{min(values):.1%}",
+                    f"{statistics.mean(raced[budget]):.1f}",
                 ]
             )
         if snapped_trials or snapped_picks:
@@ -498,6 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "median",
                 "10th pct",
                 "worst",
+                "race reads",
             ],
             rows,
         )

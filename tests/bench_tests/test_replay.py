@@ -222,3 +222,15 @@ def test_the_cli_runs_the_model_strategy_where_the_file_has_a_profile(
     bare = _write_results(tmp_path / "bare.json", _grid(), _speed, None)
     assert main(["--from-search", str(bare), *argv]) == 2
     assert capsys.readouterr().err.strip() == f"bench.replay: no pipeline profile in {bare} (model)"
+
+
+def test_the_final_race_runs_as_many_extra_rounds_as_asked(results_file: Path) -> None:
+    landscape, baselines, _ = load(results_file)
+    # Without noise the top candidates stay apart by their true gaps, 5-15%: within the race's
+    # margin, so each extra round measures every candidate still in it.
+    without = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=0)
+    one = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=1)
+    two = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=2)
+    assert without.raced[20] == 0
+    assert 0 < one.raced[20] < two.raced[20]
+    assert without.scores == one.scores == two.scores  # nothing to resolve without noise

@@ -102,10 +102,11 @@ EXACT_EVERY_NEAR_S = 1.0
 EXACT_CPU_SHARE = 0.1
 """...but no more often than keeps those timed readings to this share of a core: an exact reading
 costs 1.5 ms per process, 0.3 s for a tree of 192 storage workers, whose summed RSS (each worker
-counting the pages it shares) sat above the near mark, so one came every second and the guard
-took a third of a core from the trial it measured (256 workers: 2,366-3,189 samples/s against
-3,876-4,381 with the guard reading nothing, 2026-12-05). A changed tree, moved RSS or an
-estimate near the limit still call for one at once."""
+counting the pages it shares) sat above the near mark, so one came every second: a third of a
+core taken from the trial measured. A changed tree, moved RSS or an estimate near the limit
+still call for one at once. (2026-12-05, storage at 256 workers, two runs each: 2,366-3,189
+samples/s with the guard as it was, 3,876-4,381 with it reading no process at all; this rule
+alone, five runs each: medians 3,915 against 3,721, within the runs' spread.)"""
 
 MACHINE_RESERVE_FRACTION = 0.03
 """Whatever the budget, keep this share of the machine's memory available to everyone else."""
