@@ -1,11 +1,12 @@
 """A study SIGKILLed in any phase leaves no process behind, run as users run it.
 
 Each test starts a real study, waits for one phase (the forkserver importing torch, the
-batch-size probe, the ceiling, a trial with persistent DataLoader workers, the re-measurement),
-remembers every process of the study's tree, SIGKILLs the study process as the OOM killer or a
-preempted job would, and checks that none of the remembered processes is alive 2 s later. The
-phase is read from the process tree (a trial child leads its own process group) and the study's
-SQLite file (the probe and the ceiling each end by writing a study attr).
+ceiling, which finds the batch edge on this roomy machine, the pipeline profile, a trial with
+persistent DataLoader workers, the re-measurement), remembers every process of the study's
+tree, SIGKILLs the study process as the OOM killer or a preempted job would, and checks that
+none of the remembered processes is alive 2 s later. The phase is read from the process tree (a
+trial child leads its own process group) and the study's SQLite file (the ceiling and the
+profile each end by writing a study attr).
 """
 
 from __future__ import annotations
@@ -86,16 +87,16 @@ class StudyDb:
 Phase = Callable[[psutil.Process, StudyDb], bool]
 
 
-def _probing(study: psutil.Process, db: StudyDb) -> bool:
-    return bool(_trial_children(study)) and "max_batch_size" not in db.study_attrs()
-
-
 def _ceiling(study: psutil.Process, db: StudyDb) -> bool:
+    return bool(_trial_children(study)) and "ceiling_samples_per_sec" not in db.study_attrs()
+
+
+def _profiling(study: psutil.Process, db: StudyDb) -> bool:
     attrs = db.study_attrs()
     return (
         bool(_trial_children(study))
         and "max_batch_size" in attrs
-        and "ceiling_samples_per_sec" not in attrs
+        and "pipeline_profile" not in attrs
     )
 
 
@@ -112,8 +113,8 @@ def _remeasuring(study: psutil.Process, db: StudyDb) -> bool:
 
 PHASES: dict[str, Phase] = {
     "forkserver-preload": lambda study, db: _forkserver_preloading(study),
-    "probe": _probing,
     "ceiling": _ceiling,
+    "pipeline-profile": _profiling,
     "trial-persistent-workers": _persistent_workers_trial,
     "remeasure": _remeasuring,
 }
