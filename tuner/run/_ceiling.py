@@ -111,16 +111,13 @@ def study_space_and_ceiling(
     probe finds the edge and the ceiling is measured again below it.
     """
     stored = with_retry(lambda: study.user_attrs, "reading the study")
-    first_failed = False
     if probes_batch(prepared) and MAX_BATCH_ATTR not in stored and CEILING_ATTR not in stored:
         outcome = _measure_ceiling(prepared, supervisor, prepared.space, probe_candidates(prepared))
         if outcome.state == "complete":
             _store_ceiling(prepared, study, outcome)
         elif not (outcome.state == "pruned" and is_memory_reason(outcome.reason)):
             _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
-            first_failed = True  # the workload fails: each trial records why
-    if first_failed:
-        return prepared.space, None
+            return prepared.space, None  # the workload fails: each trial records why
     space = dataclasses.replace(
         prepared.space, max_batch=study_max_batch(prepared, study, supervisor)
     )
