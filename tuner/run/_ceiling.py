@@ -10,6 +10,7 @@ best is near enough to stop.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import optuna
@@ -114,7 +115,8 @@ def study_space_and_ceiling(
     if probes_batch(prepared) and MAX_BATCH_ATTR not in stored and CEILING_ATTR not in stored:
         outcome = _measure_ceiling(prepared, supervisor, prepared.space, probe_candidates(prepared))
         if outcome.state == "complete":
-            _store_ceiling(prepared, study, outcome)
+            figures = functools.partial(_step_figures, prepared, study, outcome)
+            once_per_study(study, prepared.config.storage, CEILING_ATTR, figures)
         elif not (outcome.state == "pruned" and is_memory_reason(outcome.reason)):
             _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
             return prepared.space, None  # the workload fails: each trial records why
@@ -139,16 +141,15 @@ def _measure_ceiling(
     return supervisor.run(job, trial_deadline(config) * 2)
 
 
-def _store_ceiling(prepared: PreparedStudy, study: optuna.Study, outcome: TrialOutcome) -> float:
-    """Store a complete ceiling child's figures once per study; the study's ceiling."""
-    storage = prepared.config.storage
-    # The step's rate and CPU time per batch and thread count, for the pipeline profile, and
-    # its peak memory: measured with the ceiling, stored once before it (a worker that finds
-    # the ceiling finds them).
+def _step_figures(prepared: PreparedStudy, study: optuna.Study, outcome: TrialOutcome) -> float:
+    """Store a complete ceiling child's step figures once per study; its ceiling, which the
+    caller stores after them (a worker that finds the ceiling finds them): the step's rate and
+    CPU time per batch and thread count, for the pipeline profile, and its peak memory."""
     for key in (STEP_RATES_ATTR, STEP_CPU_ATTR, STEP_PEAK_ATTR):
         if key in outcome.attrs:
-            once_per_study(study, storage, key, lambda key=key: outcome.attrs[key])
-    return float(once_per_study(study, storage, CEILING_ATTR, lambda: outcome.attrs[CEILING_ATTR]))
+            value = outcome.attrs[key]
+            once_per_study(study, prepared.config.storage, key, lambda value=value: value)
+    return float(outcome.attrs[CEILING_ATTR])
 
 
 def study_ceiling(
@@ -168,7 +169,7 @@ def study_ceiling(
         if outcome.state != "complete":
             _log.warning("ceiling not measured: %s", outcome.error or outcome.reason)
             return None
-        return _store_ceiling(prepared, study, outcome)
+        return _step_figures(prepared, study, outcome)
 
     value = once_per_study(study, prepared.config.storage, CEILING_ATTR, measure)
     return None if value is None else float(value)
