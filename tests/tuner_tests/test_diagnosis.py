@@ -30,6 +30,21 @@ INPUT_BOUND = {
     "machine": {"memory_bytes": 24_696_061_952},
 }
 
+EVERY_BATCH_HAS_A_WORKER = {
+    # A storage study's trial (8 ms per sample): 100 workers for an epoch of 4,096 samples in 32
+    # batches of 128, so 68 workers wait idle; `epoch_batches` as `len(loader)` gives it.
+    "samples_per_sec": 3290.2,
+    "data_wait_fraction": 0.9599,
+    "cpu_percent_mean": 23.0,
+    "cpu_percent_peak": 73.56,
+    "cpu_percent_per_core_mean": [23.01, 23.0],
+    "iowait_percent_mean": 0.0,
+    "available_memory_bytes_min": 23_210_049_536,
+    "settings": {"num_workers": 100, "batch": 128},
+    "epoch_batches": 32,
+    "machine": {"memory_bytes": 25_276_182_528},
+}
+
 CPU_BOUND = {
     "samples_per_sec": 589.8,
     "data_wait_fraction": 0.9979,
@@ -95,6 +110,9 @@ def test_each_recorded_case_gets_its_class(
 
 def test_advice_says_what_to_change() -> None:
     assert "num_workers (now 1)" in diagnose(INPUT_BOUND).advice  # type: ignore[union-attr]
+    idle = diagnose(EVERY_BATCH_HAS_A_WORKER)
+    assert idle is not None and idle.bottleneck == "input-bound"
+    assert "lower batch_size" in idle.advice and "raise num_workers" not in idle.advice
     assert "will not help" in diagnose(CPU_BOUND).advice  # type: ignore[union-attr]
     assert "RAM disk" in diagnose(IO_BOUND).advice  # type: ignore[union-attr]
     assert "batch_size or the model" in diagnose(COMPUTE_BOUND).advice  # type: ignore[union-attr]

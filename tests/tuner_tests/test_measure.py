@@ -22,6 +22,7 @@ def test_a_plain_loader_counts_the_samples_it_saw() -> None:
     assert epoch_mean_batch(workload, settings, seed=0) is None
     measured = measure(workload, settings, CPU, window_s=0.2, warmup_s=0.0)
     assert measured.samples_per_sec == pytest.approx(measured.samples / measured.window_s)
+    assert measured.epoch_batches == -(-len(workload.dataset) // 32)  # for the diagnosis
 
 
 def test_a_batch_sampler_counts_each_batch_at_the_epochs_mean_size() -> None:
@@ -33,6 +34,7 @@ def test_a_batch_sampler_counts_each_batch_at_the_epochs_mean_size() -> None:
     assert min(map(len, plan)) < mean < max(map(len, plan))  # sizes do vary
     measured = measure(workload, settings, CPU, window_s=0.3, warmup_s=0.0)
     assert measured.samples_per_sec == pytest.approx(measured.batches * mean / measured.window_s)
+    assert measured.epoch_batches == len(plan)
 
 
 @pytest.mark.parametrize("persistent", [False, True])

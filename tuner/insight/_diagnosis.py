@@ -14,7 +14,9 @@ tested on recorded telemetry. The rules, first match wins:
    CPU time: the workers wait on storage.
 4. ``cpu-bound``: the loop waits for data and the usable cores are at least
    :data:`CPU_SATURATED_PERCENT` busy on average: more workers only share the same cores.
-5. ``input-bound``: the loop waits for data while the CPUs have room: more workers help.
+5. ``input-bound``: the loop waits for data while the CPUs have room: more workers help, unless
+   every batch of the epoch already has its own worker (``epoch_batches``): then a smaller
+   batch does, giving the workers more, shorter fetches.
 
 A trial that recorded no measurement and no memory trouble (failed, hung) gets no diagnosis.
 """
@@ -110,10 +112,17 @@ def _memory_trouble(
     return None
 
 
-def _workers(attrs: Mapping[str, Any]) -> str:
+def _input_advice(attrs: Mapping[str, Any]) -> str:
+    """More workers, or where each of the epoch's batches has a worker already, smaller batches."""
     settings = attrs.get(SETTINGS_ATTR) or {}
-    workers = settings.get("num_workers")
-    return f" (now {workers})" if workers is not None else ""
+    workers, batches = settings.get("num_workers"), attrs.get("epoch_batches")
+    if workers and batches and workers >= batches:
+        return (
+            f"each of the epoch's {batches} batches already has a worker (num_workers {workers}): "
+            "lower batch_size, so the workers fetch more, smaller batches at once"
+        )
+    now = f" (now {workers})" if workers is not None else ""
+    return f"raise num_workers{now} or prefetch_factor"
 
 
 def diagnose(
@@ -166,8 +175,7 @@ def diagnose(
     room = f" while the CPUs are {float(cpu):.0f}% busy" if cpu is not None else ""
     return Diagnosis(
         "input-bound",
-        f"the loop waits for data {wait:.0%} of the time{room}: raise num_workers"
-        f"{_workers(attrs)} or prefetch_factor",
+        f"the loop waits for data {wait:.0%} of the time{room}: {_input_advice(attrs)}",
     )
 
 

@@ -74,6 +74,9 @@ class Measurement:
     after the window included (:data:`REFORK_STEPS`): from the second on, workers that are not
     persistent are forked again and copy the step's memory
     (:attr:`~tuner.search.LoaderSettings.reforks_workers`)."""
+    epoch_batches: int | None = None
+    """Batches in one epoch (``len(loader)``; None for a dataset of unknown length): workers
+    beyond it wait idle, since each fetches whole batches (the diagnosis reads it)."""
     own_peak_host_memory_bytes: int | None = None
     """The trial's tree after the window plus how far the main process's RSS has been above
     where it is then (the kernel's high-water mark): a step's transient peak, which the guard's
@@ -276,6 +279,13 @@ def _run_window(
     return window
 
 
+def _epoch_batches(loader: DataLoader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        return None
+
+
 def measure(
     workload: Workload,
     settings: LoaderSettings,
@@ -330,5 +340,6 @@ def measure(
         device=str(device),
         window_started_at=window.started_at,
         timeline=window.timeline.rows(),
+        epoch_batches=_epoch_batches(loader),
         own_peak_host_memory_bytes=own_peak,
     )
