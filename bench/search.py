@@ -6,8 +6,8 @@
 1. The grid: every setting of a reduced, reasonable space (``bench._harness.WORKLOADS``),
    each measured once, exactly as a trial measures it; its wall time is what an exhaustive
    search costs on this machine.
-2. The tuner: ``run_study`` as the CLI runs it (each of ``--strategies``: the default ``gp``,
-   ``tpe`` and plain ``random``),
+2. The tuner: ``run_study`` as the CLI runs it (each of ``--strategies``: the default ``model``,
+   ``gp``, ``tpe`` and plain ``random``),
    one SQLite file per strategy and seed so no study warm-starts another. The budgets are
    reached by resuming the same study (10, then +10, then +20 trials): the wall time for budget B
    counts the trial phases up to B plus B's own setup share and final re-measurement (the earlier

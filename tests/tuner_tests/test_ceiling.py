@@ -251,10 +251,14 @@ def test_a_best_far_from_the_ceiling_goes_on(sqlite_url: str) -> None:
 
 @pytest.mark.slow
 def test_a_study_of_a_compute_bound_workload_stops_early(sqlite_url: str) -> None:
+    """A sampler's study (``gp``: the default ``model`` stops on its own rules, sooner) stops near
+    the ceiling, though not before its random start."""
     result = run_cli(
         "tuner.study",
         "--hardware",
         "auto",
+        "--sampler",
+        "gp",
         "--objective",
         "tests.tuner_tests.test_ceiling:compute_bound",
         "--n-trials",

@@ -37,9 +37,11 @@ def _pruned_after_low_report(sampler: str) -> bool:
     return trial.should_prune()
 
 
-def test_the_default_gp_runs_every_trial_to_the_end() -> None:
-    """A pruned trial is invisible to the Gaussian process, so gp never stops one early."""
-    assert StudyConfig(hardware="auto").sampler == "gp"
+def test_the_default_model_and_gp_run_every_trial_to_the_end() -> None:
+    """A pruned trial is invisible to the Gaussian process, so gp never stops one early, nor
+    does the default model strategy, which hands the study to gp once its own picks run out."""
+    assert StudyConfig(hardware="auto").sampler == "model"
+    assert not _pruned_after_low_report("model")
     assert not _pruned_after_low_report("gp")
 
 

@@ -39,7 +39,9 @@ def test_a_new_profile_starts_from_the_most_similar_ones(tmp_path: Path) -> None
     assert f"warm start from {FAST}@box-a" in second.stderr
     trials = optuna.load_study(study_name=f"{FAST}@box-b", storage=storage).trials
     warm = [t for t in trials if t.user_attrs.get("warm_start_from")]
-    assert [t.number for t in warm] == [2]  # right after the two baselines
+    # Right after the two baselines and the model's predicted best (the default strategy's).
+    assert trials[2].user_attrs["model_seed"] == "predicted-best"
+    assert [t.number for t in warm] == [3]
     assert warm[0].user_attrs["warm_start_from"] == f"{FAST}@box-a"
     listed = run_cli("tuner.profiles", "list", "--storage", storage, "--profiles", str(profiles))
     assert listed.returncode == 0 and "box-a" in listed.stdout and "box-b" in listed.stdout

@@ -51,7 +51,7 @@ class StudyConfig:
     trial_timeout: float | None = None
     fix: list[str] = dataclasses.field(default_factory=list)
     effective_batch: int | None = None
-    sampler: str = "gp"
+    sampler: str = "model"
     memory_limit: str | None = None
     shm_limit: str | None = None
     gpu_memory_limit: str | None = None

@@ -31,12 +31,13 @@ __all__ = [
 N_STARTUP_TRIALS = 6
 """The samplers' random start; with the baselines, the trials before the study may stop early."""
 
-SAMPLERS = ("gp", "tpe", "random", "model")
+SAMPLERS = ("model", "gp", "tpe", "random")
 MODEL_STRATEGY = "model"
-"""``--sampler model``: the pipeline model's predicted best, then its picks corrected by each
-measurement and the best's neighbours (:func:`tuner.pipeline.next_setting`), stopping once the
-best is near the bound or held against all its neighbours; ``gp`` asks only if the study goes
-on after that (a re-measured best that moved)."""
+"""``--sampler model``, the default: the pipeline model's predicted best, then its picks
+corrected by each measurement and the best's neighbours (:func:`tuner.pipeline.next_setting`),
+stopping once the best is near the bound or held against all its neighbours; ``gp`` asks only
+if the study goes on after that (a re-measured best that moved), or throughout where no model
+was built."""
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
