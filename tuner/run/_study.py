@@ -85,6 +85,8 @@ def _run(config: StudyConfig, out: TextIO) -> StudyResult:
             print(f"GPU memory guard off ({tools.gpu_reason})", file=out)
         space, ceiling = study_space_and_ceiling(prepared, study, tools.supervisor)
         model, space = _pipeline_model(prepared, study, tools.supervisor, space)
+        if model is None and config.sampler == MODEL_STRATEGY:
+            print("no pipeline model (see the warning above): the search runs as gp", file=out)
         runner = make_runner(prepared, tools, space, ceiling, model)
         _enqueue_first_trials(prepared, study, space, model, out)
         study = _with_sampler(prepared, study)
