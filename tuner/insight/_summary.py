@@ -96,6 +96,15 @@ def _row(trial: FrozenTrial, medians: Mapping[int, float]) -> list[Any]:
     ]
 
 
+def _higher_median(best: FrozenTrial, medians: Mapping[int, float]) -> int | None:
+    """A re-measured trial whose median beats the best's (the race picks the candidate whose
+    slowest round is fastest, so the table's top row can be another trial), or None."""
+    if best.number not in medians:
+        return None
+    rivals = [number for number, median in medians.items() if median > medians[best.number]]
+    return max(rivals, key=lambda number: medians[number]) if rivals else None
+
+
 def _format(value: Any, spec: str) -> str:
     return "-" if value is None else format(float(value), spec)
 
@@ -173,6 +182,13 @@ def print_summary(
     print(
         f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s", file=out
     )
+    rival = _higher_median(best, medians)
+    if rival is not None:
+        print(
+            f"  picked by its slowest re-measured round, the steadiest; trial {rival}'s median "
+            "is higher",
+            file=out,
+        )
     for name, ratio in speedups(study, best).items():
         print(f"  {ratio:.2f}x over {name}", file=out)
     ceiling = study.user_attrs.get(CEILING_ATTR)
