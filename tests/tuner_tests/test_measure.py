@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
+from torch.utils.data import Dataset
 
 from objectives import text_workload
 from tests.tuner_tests.workloads import Vectors, fast
@@ -49,3 +51,35 @@ def test_workers_forked_again_each_epoch_start_a_second_one_after_the_window(
     measured = measure(workload, settings, CPU, window_s=0.2, warmup_s=0.0)
     assert measured.epochs == 0  # the window stayed inside the first epoch
     assert measured.epoch_starts == (0 if persistent else 1)
+
+
+class _SlowEpochStart(Dataset):
+    """Eight fast samples whose first waits 20 ms: each epoch starts with a pause, as a new
+    iterator's workers fetching their first batches make one."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 0:
+            time.sleep(0.02)
+        return torch.zeros(4)
+
+
+def test_short_epochs_are_measured_whole() -> None:
+    """A time window over short epochs would hold one epoch start more or less by chance."""
+    workload = dataclasses.replace(fast(), dataset=_SlowEpochStart())
+    settings = LoaderSettings(batch=1, num_workers=0, torch_num_threads=1)
+    measured = measure(workload, settings, CPU, window_s=0.3, warmup_s=0.0)
+    assert measured.epochs >= 2
+    assert measured.samples == 8 * measured.epochs  # whole epochs, each with its start
+    assert measured.samples_per_sec == pytest.approx(measured.samples / measured.window_s)
+    assert measured.samples_per_sec < 8 / 0.02  # each epoch's pause counted once
+
+
+def test_an_epoch_longer_than_half_the_window_keeps_the_time_window() -> None:
+    workload = dataclasses.replace(fast(), dataset=Vectors(size=100_000))
+    settings = LoaderSettings(batch=8, num_workers=0, torch_num_threads=1)
+    measured = measure(workload, settings, CPU, window_s=0.2, warmup_s=0.0)
+    assert measured.epochs == 0
+    assert measured.window_s >= 0.2
