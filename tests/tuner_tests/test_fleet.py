@@ -16,7 +16,10 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.conftest import ROOT, run_cli
+from tuner._attrs import stored_settings
 from tuner.machine import auto_profile_name, detect_fingerprint
+from tuner.pipeline import PROFILE_ATTR
+from tuner.run._pipeline import MODEL_SEED_ATTR, WORKER_RANGE_ATTR
 
 FAST = "tests.tuner_tests.workloads:fast"
 STUDY = f"{FAST}@{auto_profile_name(detect_fingerprint())}"
@@ -34,9 +37,10 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 pytestmark = pytest.mark.postgres
 
 
-def _worker(url: str, *extra: str) -> subprocess.Popen[str]:
-    """A fleet worker; ``gp``, since these tests count on the fleet's total being reached (the
-    default ``model`` strategy ends a study once its best has held, which may come first)."""
+def _worker(url: str, *extra: str, sampler: str | None = "gp") -> subprocess.Popen[str]:
+    """A fleet worker; ``gp`` unless told, since most tests here count on the fleet's total
+    being reached (the default ``model`` strategy ends a study once its best has held, which
+    may come first). ``sampler=None`` runs the default."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -44,8 +48,7 @@ def _worker(url: str, *extra: str) -> subprocess.Popen[str]:
             "tuner.study",
             "--hardware",
             "auto",
-            "--sampler",
-            "gp",
+            *(["--sampler", sampler] if sampler else []),
             "--objective",
             FAST,
             "--storage",
@@ -104,6 +107,33 @@ def test_three_workers_finish_exactly_the_total_with_baselines_once(postgres_url
     )
     assert best.returncode == 0, best.stderr
     assert "num_workers" in json.loads(best.stdout)["dataloader"]
+
+
+def test_two_workers_under_the_default_strategy_share_one_profile_and_one_seed(
+    postgres_url: str,
+) -> None:
+    """The pipeline profile and the worker range are stored once; the baselines and the model's
+    predicted best are queued once; the model's proposals, read with the other worker's trials
+    pending, never repeat a setting."""
+    workers = [
+        _worker(postgres_url, "--total-trials", "8", "--n-trials", "50", sampler=None)
+        for _ in range(2)
+    ]
+    outputs = [worker.communicate(timeout=600) for worker in workers]
+    for worker, (_, stderr) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0, stderr
+    study = optuna.load_study(study_name=STUDY, storage=postgres_url)
+    assert PROFILE_ATTR in study.user_attrs
+    assert WORKER_RANGE_ATTR in study.user_attrs
+    trials = study.trials
+    finished = [t for t in trials if t.state in FINISHED]
+    assert 3 <= len(finished) <= 8
+    baselines = [t.user_attrs["baseline"] for t in trials if "baseline" in t.user_attrs]
+    assert sorted(baselines) == ["pytorch-default", "rule-of-thumb"]
+    seeded = [t for t in trials if MODEL_SEED_ATTR in t.user_attrs]
+    assert [t.user_attrs[MODEL_SEED_ATTR] for t in seeded].count("predicted-best") == 1
+    settings = [json.dumps(stored_settings(t), sort_keys=True) for t in seeded]
+    assert len(settings) == len(set(settings))
 
 
 def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(postgres_url: str) -> None:
