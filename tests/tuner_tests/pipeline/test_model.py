@@ -207,7 +207,7 @@ def test_the_worker_range_follows_the_fetchs_wait_share() -> None:
     waiting = worker_range(_profile(), _space(), host_limit_bytes=None)
     computing = worker_range(_cpu_bound(), _space(), host_limit_bytes=None)
     assert waiting >= 16 * 2  # an I/O-bound fetch: many times the cores
-    assert computing <= 2 * 2  # a CPU-bound fetch: about the cores, never a multiple
+    assert computing == 2 * 2  # a CPU-bound fetch: twice the cores, the queue kept full
     assert waiting <= HARD_MAX_WORKERS
 
 
