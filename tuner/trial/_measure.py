@@ -291,7 +291,7 @@ def _run_window(
     their first batches (a 1.5 s window on storage ran to 2.09 s, its last step waiting on
     one). Five interleaved rounds each, in-process, 2026-12-06: storage ``w128 b32`` spread
     25% of its median in 1.5 s windows and 12% over whole epochs, ``w96 b64`` 27% and 6%;
-    image (2-4 batches an epoch, its noise the two cores' contention) 18-34% either way.
+    image (4 and 8 batches an epoch, its noise the two cores' contention) 18-40% either way.
     """
     stream = loop.stream
     stream.wait_s, epochs_before = 0.0, stream.epochs
