@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import optuna
@@ -36,3 +37,38 @@ def test_a_pick_with_the_highest_median_needs_no_word() -> None:
     out = io.StringIO()
     print_summary(_study_with_medians({0: 2365.2, 1: 2333.0, 2: 2229.8}, best=0), "batch", out)
     assert "best: trial 0" in out.getvalue() and "slowest" not in out.getvalue()
+
+
+def _study_of_an_input_bound_best(rivals: list[float]) -> optuna.Study:
+    """Trial 6 of a README quick-start study (num_workers 1, re-measured 1,697.6; the loop waited
+    28% of the time with the CPUs 82% busy) beside ``rivals``: 2-worker trials' samples/sec."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    best = LoaderSettings(batch=128, num_workers=1, prefetch_factor=2, persistent_workers=True)
+    attrs = {**settings_attrs(best), "data_wait_fraction": 0.28, "cpu_percent_mean": 82.0}
+    study.add_trial(optuna.trial.create_trial(value=1648.3, user_attrs=attrs))
+    for value in rivals:
+        more = dataclasses.replace(best, num_workers=2)
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs=settings_attrs(more)))
+    record_remeasured(study, {0: 1697.6}, best=0)
+    return study
+
+
+def test_advice_to_raise_num_workers_reads_the_studys_slower_trials_with_more() -> None:
+    """That study's 2-worker trials 9 and 5 (1,580.5 and 1,546.6; here trials 1 and 2) were
+    slower: the summary does not send the user to them."""
+    out = io.StringIO()
+    print_summary(_study_of_an_input_bound_best([1580.5, 1546.6]), "batch_size", out)
+    text = out.getvalue()
+    assert "raise num_workers" not in text
+    assert "input-bound: the loop waits for data 28% of the time while the CPUs are 82%" in text
+    assert "more workers were slower here (trial 1, num_workers 2, the fastest of them: 93%" in text
+    assert "keep num_workers 1" in text
+
+
+def test_advice_to_raise_num_workers_stands_where_more_were_faster() -> None:
+    """Its trial 10 (2 workers, re-measured 1,757.7) was faster: raising num_workers stands."""
+    study = _study_of_an_input_bound_best([1757.7])
+    out = io.StringIO()
+    print_summary(study, "batch_size", out)
+    assert "raise num_workers (now 1)" in out.getvalue()

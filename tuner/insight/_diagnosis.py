@@ -16,7 +16,9 @@ tested on recorded telemetry. The rules, first match wins:
    :data:`CPU_SATURATED_PERCENT` busy on average: more workers only share the same cores.
 5. ``input-bound``: the loop waits for data while the CPUs have room: more workers help, unless
    every batch of the epoch already has its own worker (``epoch_batches``): then a smaller
-   batch does, giving the workers more, shorter fetches.
+   batch does, giving the workers more, shorter fetches. Read against its study, a best trial
+   whose study measured more workers slower is told to keep its count
+   (:func:`more_workers_were_slower`).
 
 A trial that recorded no measurement and no memory trouble (failed, hung) gets no diagnosis.
 """
@@ -41,6 +43,7 @@ __all__ = [
     "Diagnosis",
     "diagnose",
     "diagnose_trial",
+    "more_workers_were_slower",
 ]
 
 BOTTLENECKS = ("input-bound", "cpu-bound", "io-bound", "compute-bound", "memory-bound")
@@ -112,17 +115,30 @@ def _memory_trouble(
     return None
 
 
-def _input_advice(attrs: Mapping[str, Any]) -> str:
-    """More workers, or where each of the epoch's batches has a worker already, smaller batches."""
+def _every_batch_has_a_worker(attrs: Mapping[str, Any]) -> bool:
     settings = attrs.get(SETTINGS_ATTR) or {}
     workers, batches = settings.get("num_workers"), attrs.get("epoch_batches")
-    if workers and batches and workers >= batches:
+    return bool(workers and batches and workers >= batches)
+
+
+def _input_advice(attrs: Mapping[str, Any]) -> str:
+    """More workers, or where each of the epoch's batches has a worker already, smaller batches."""
+    workers = (attrs.get(SETTINGS_ATTR) or {}).get("num_workers")
+    if _every_batch_has_a_worker(attrs):
         return (
-            f"each of the epoch's {batches} batches already has a worker (num_workers {workers}): "
-            "lower batch_size, so the workers fetch more, smaller batches at once"
+            f"each of the epoch's {attrs['epoch_batches']} batches already has a worker "
+            f"(num_workers {workers}): lower batch_size, so the workers fetch more, smaller "
+            "batches at once"
         )
     now = f" (now {workers})" if workers is not None else ""
     return f"raise num_workers{now} or prefetch_factor"
+
+
+def _input_bound(attrs: Mapping[str, Any], advice: str) -> Diagnosis:
+    wait, cpu = float(attrs["data_wait_fraction"]), attrs.get("cpu_percent_mean")
+    room = f" while the CPUs are {float(cpu):.0f}% busy" if cpu is not None else ""
+    waits = f"the loop waits for data {wait:.0%} of the time{room}"
+    return Diagnosis("input-bound", f"{waits}: {advice}")
 
 
 def diagnose(
@@ -172,11 +188,7 @@ def diagnose(
             f"({float(cpu):.0f}%): more workers will not help; make the transforms cheaper "
             "or cache their output",
         )
-    room = f" while the CPUs are {float(cpu):.0f}% busy" if cpu is not None else ""
-    return Diagnosis(
-        "input-bound",
-        f"the loop waits for data {wait:.0%} of the time{room}: {_input_advice(attrs)}",
-    )
+    return _input_bound(attrs, _input_advice(attrs))
 
 
 def diagnose_trial(trial: FrozenTrial, limits: GuardLimits | None = None) -> Diagnosis | None:
@@ -185,3 +197,30 @@ def diagnose_trial(trial: FrozenTrial, limits: GuardLimits | None = None) -> Dia
     if attrs.get("bottleneck") in BOTTLENECKS:
         return Diagnosis(attrs["bottleneck"], str(attrs.get("advice", "")))
     return diagnose(attrs, attrs.get("pruned_reason"), limits)
+
+
+def more_workers_were_slower(
+    trial: FrozenTrial, diagnosis: Diagnosis, rival: FrozenTrial, share: float
+) -> Diagnosis:
+    """``trial``'s diagnosis where its study measured ``rival``, with more workers, at ``share``
+    of ``trial``'s samples/sec.
+
+    One trial's numbers advise more workers whenever the loop waits with CPUs to spare; where
+    the study has measured more and found them slower (the workers' CPU time and IPC compete
+    with the step on few cores), that advice would send the user back to a setting it rejected.
+    """
+    attrs = trial.user_attrs
+    if (
+        diagnosis.bottleneck != "input-bound"
+        or attrs.get("data_wait_fraction") is None
+        or _every_batch_has_a_worker(attrs)
+    ):
+        return diagnosis
+    workers = (attrs.get(SETTINGS_ATTR) or {}).get("num_workers")
+    more = (rival.user_attrs.get(SETTINGS_ATTR) or {}).get("num_workers")
+    return _input_bound(
+        attrs,
+        f"more workers were slower here (trial {rival.number}, num_workers {more}, the fastest "
+        f"of them: {share:.0%} of this), as their CPU time competes with the step; keep "
+        f"num_workers {workers} and make each sample cheaper (decoding, transforms, a cache)",
+    )

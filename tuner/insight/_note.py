@@ -21,10 +21,9 @@ from storage import with_retry
 from tuner._attrs import remeasured
 from tuner._naming import CEILING_ATTR
 from tuner.insight._best import BestSetting, optuna_best, study_best
-from tuner.insight._diagnosis import diagnose_trial
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._snippet import extra_settings
-from tuner.insight._summary import efficiency, speedups
+from tuner.insight._summary import efficiency, speedups, study_diagnosis
 
 __all__ = ["save_study_note", "study_note"]
 
@@ -120,7 +119,7 @@ def _best_section(study: optuna.Study, chosen: BestSetting) -> list[str]:
             + "."
         )
         lines.append("")
-    diagnosis = diagnose_trial(best)
+    diagnosis = study_diagnosis(study, best)
     if diagnosis is not None:
         advice = diagnosis.advice[:1].upper() + diagnosis.advice[1:]
         lines += [f"**Diagnosis: {diagnosis.bottleneck}.** {advice}.", ""]

@@ -27,7 +27,7 @@ from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEIL
 from tuner.insight._best import BestSetting, study_best
 from tuner.insight._diagnosis import diagnose_trial
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
-from tuner.insight._summary import efficiency, trial_throughput
+from tuner.insight._summary import efficiency, study_diagnosis, trial_throughput
 from tuner.search._settings import LoaderSettings
 from tuner.trial._artifacts import read_trial_text
 from tuner.trial._telemetry import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
@@ -282,7 +282,7 @@ def _comparison_table(
         _comparison_row(label, trial, medians, best_throughput, ceiling) for label, trial in rows
     ]
     lines.append("</table>")
-    if diagnosis := diagnose_trial(best):
+    if diagnosis := study_diagnosis(study, best):
         lines.append(
             f"<p>Best: <b>{html.escape(diagnosis.bottleneck)}</b>: "
             f"{html.escape(diagnosis.advice)}.</p>"

@@ -8,13 +8,13 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner._attrs import remeasured, stored_best_number, trial_settings
+from tuner._attrs import has_settings, remeasured, stored_best_number, trial_settings
 from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
     BASELINE_RULE_OF_THUMB,
     CEILING_ATTR,
 )
-from tuner.insight._diagnosis import diagnose_trial
+from tuner.insight._diagnosis import Diagnosis, diagnose_trial, more_workers_were_slower
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._table import format_table
@@ -24,6 +24,7 @@ __all__ = [
     "efficiency",
     "print_summary",
     "speedups",
+    "study_diagnosis",
     "trial_throughput",
 ]
 
@@ -137,6 +138,28 @@ def _print_pipeline(
         print(f"\npipeline: {profile_line(profile)}", file=out)
 
 
+def study_diagnosis(study: optuna.Study, best: FrozenTrial) -> Diagnosis | None:
+    """``best``'s diagnosis, read against the study: advice to raise num_workers says so where
+    every trial with more workers measured slower (see :func:`more_workers_were_slower`)."""
+    diagnosis = diagnose_trial(best)
+    if diagnosis is None or not has_settings(best):
+        return diagnosis
+    workers = trial_settings(best).num_workers
+    more = [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if has_settings(trial) and trial_settings(trial).num_workers > workers
+    ]
+    if not more:
+        return diagnosis
+    medians = remeasured(study)
+    rival = max(more, key=lambda trial: trial_throughput(trial, medians))
+    mine, theirs = trial_throughput(best, medians), trial_throughput(rival, medians)
+    if not mine or theirs >= mine:
+        return diagnosis
+    return more_workers_were_slower(best, diagnosis, rival, theirs / mine)
+
+
 def print_summary(
     study: optuna.Study,
     batch_param: str,
@@ -196,7 +219,7 @@ def print_summary(
         share = trial_throughput(best, medians) / float(ceiling)
         print(f"  {share:.0%} of the ceiling ({float(ceiling):,.0f} samples/s)", file=out)
     _print_pipeline(study, trials, best, trial_throughput(best, medians), out)
-    diagnosis = diagnose_trial(best)
+    diagnosis = study_diagnosis(study, best)
     if diagnosis is not None:
         print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)
     settings = trial_settings(best)
