@@ -59,7 +59,9 @@ __all__ = [
     "PipelineModel",
     "Prediction",
     "candidate_setting",
+    "cores_demanded",
     "memory_max_workers",
+    "model_seeds",
     "predict",
     "predicted_best",
     "worker_range",
@@ -273,6 +275,59 @@ def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettin
     _, best = _best_at(profile, _candidates(space))
     assert best is not None  # a space always holds at least one setting
     return best
+
+
+def cores_demanded(profile: PipelineProfile, settings: LoaderSettings) -> float:
+    """The cores ``settings`` keeps busy at once: the step's threads, and each worker's share of
+    its time spent on a core rather than waiting on storage (its CPU over its wall time)."""
+    profile = profile.for_knobs(settings.knobs)
+    produce_s, worker_cpu, _ = _costs(profile)
+    busy = min(1.0, worker_cpu / produce_s) if produce_s > 0 else 1.0
+    return settings.num_workers * busy + settings.torch_num_threads
+
+
+STEP_SHARE_IN_DOUBT = 0.2
+"""The share of the cores the step must hold at the predicted best before its thread count is
+in doubt: on the stored grids the storage workload's small MLP step held 4-8% (its thread
+count moves nothing), image's 28-58%."""
+
+
+def _threads_in_doubt(profile: PipelineProfile, settings: LoaderSettings) -> bool:
+    """Whether ``settings`` oversubscribes the cores with a step that holds a material share of
+    them: where the model is least sure which thread count wins (see :func:`model_seeds`)."""
+    if cores_demanded(profile, settings) <= profile.usable_cores + 1e-9:
+        return False
+    knobbed = profile.for_knobs(settings.knobs)
+    step_cpu = _step(knobbed.step_cpu_s, settings.torch_num_threads, settings.batch) or 0.0
+    rate = predict(profile, settings).samples_per_sec
+    return rate * step_cpu >= STEP_SHARE_IN_DOUBT * profile.usable_cores
+
+
+def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str, LoaderSettings]]:
+    """What the model strategy measures first, each with why: its predicted best
+    (``predicted-best``) and, where that one oversubscribes the cores (:func:`cores_demanded`)
+    with a step that holds at least :data:`STEP_SHARE_IN_DOUBT` of them, the predicted best at
+    each other thread count of the search (1 and all, ``other-threads``).
+
+    Where busy workers and step threads outnumber the cores, the model is least sure which
+    thread count wins: it counts the cores as one shared limit, not what a multi-threaded step
+    loses waiting for a descheduled thread. On the twelve stored image grids (2 cores, CPU-bound
+    decoding) it put its best at one step thread in all but one, and those settings read 59-77%
+    of the grid's top, while its best at two threads read 49-100% (seven of twelve at 80% or
+    more); the grids' tops ran two threads in eleven of twelve. ``bench.replay`` over those
+    grids (20 seeds, 10 trials, 10% noise) counted 78 of 240 runs within 95% of the top with
+    the predicted best alone and 110 with both; text (its best on no workers, not
+    oversubscribed) 188 and 189 of 260, storage 139 and 139 (docs/benchmarks.md, 2026-12-06).
+    """
+    best = predicted_best(profile, space)
+    seeds = [("predicted-best", best)]
+    if not _threads_in_doubt(profile, best):
+        return seeds
+    for threads in _fixed_or(space, "torch_num_threads", sorted({1, space.max_threads})):
+        if threads != best.torch_num_threads:
+            fixed = dataclasses.replace(space, fixed={**space.fixed, "torch_num_threads": threads})
+            seeds.append(("other-threads", predicted_best(profile, fixed)))
+    return seeds
 
 
 def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes: int | None) -> int:

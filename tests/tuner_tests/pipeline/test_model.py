@@ -11,7 +11,9 @@ from tests.tuner_tests.workloads import Vectors
 from tuner.pipeline import (
     PipelineModel,
     PipelineProfile,
+    cores_demanded,
     memory_max_workers,
+    model_seeds,
     predict,
     predicted_best,
     stored_profile,
@@ -224,6 +226,52 @@ def test_the_predicted_best_lies_in_the_space_and_keeps_fixed_values() -> None:
     fixed = _space(max_workers=64, fixed={"num_workers": 3, "batch_size": 16})
     chosen = predicted_best(_profile(), fixed)
     assert (chosen.num_workers, chosen.batch) == (3, 16)
+
+
+def _decoding() -> PipelineProfile:
+    """Image-like: 0.3 ms of CPU per sample in a worker, a step that needs as much (2 threads
+    run it 1.7x faster for 20% more CPU)."""
+    return _profile(
+        fetch_wall_s=0.0003,
+        fetch_cpu_s=0.0003,
+        step_rates={1: {b: 3_000.0 for b in BATCHES}, 2: {b: 5_000.0 for b in BATCHES}},
+        step_cpu_s={1: {b: 1 / 3_000 for b in BATCHES}, 2: {b: 2 / 5_000 for b in BATCHES}},
+    )
+
+
+def test_the_cores_demanded_count_a_workers_busy_share_and_the_steps_threads() -> None:
+    space = _space(max_workers=64)
+    assert cores_demanded(_decoding(), _settings(space, 4, threads=2)) == pytest.approx(6.0)
+    assert cores_demanded(_decoding(), _settings(space, 0, threads=2)) == 2.0
+    # 16 workers waiting 8 ms for 0.12 ms of CPU each keep a quarter of a core busy.
+    waiting = cores_demanded(_profile(), _settings(space, 16, threads=1))
+    assert 1.2 < waiting < 1.3
+
+
+def test_the_seeds_add_the_other_thread_count_where_busy_workers_crowd_the_steps_threads() -> None:
+    space = _space(max_workers=8)
+    seeds = model_seeds(_decoding(), space)
+    assert [why for why, _ in seeds] == ["predicted-best", "other-threads"]
+    (_, best), (_, other) = seeds
+    assert best == predicted_best(_decoding(), space)
+    assert cores_demanded(_decoding(), best) > 2
+    assert {best.torch_num_threads, other.torch_num_threads} == {1, 2}
+    assert other == predicted_best(
+        _decoding(), _space(max_workers=8, fixed={"torch_num_threads": other.torch_num_threads})
+    )
+
+
+def test_the_seeds_are_the_predicted_best_alone_where_the_thread_count_is_not_in_doubt() -> None:
+    # Workers waiting on storage beside a step that holds a few percent of the cores.
+    assert [why for why, _ in model_seeds(_profile(), _space(max_workers=64))] == [
+        "predicted-best"
+    ]
+    # A best within the cores (the loader in the main process beside a 2-thread step).
+    serial = _space(max_workers=8, fixed={"num_workers": 0})
+    assert [why for why, _ in model_seeds(_decoding(), serial)] == ["predicted-best"]
+    # The user fixed the thread count.
+    fixed = _space(max_workers=8, fixed={"torch_num_threads": 2})
+    assert [why for why, _ in model_seeds(_decoding(), fixed)] == ["predicted-best"]
 
 
 def test_the_profile_round_trips_through_study_attrs() -> None:
