@@ -62,7 +62,8 @@ _log = logging.getLogger("tuner")
 WORKER_RANGE_ATTR = "num_workers_max"
 MODEL_SEED_ATTR = "model_seed"
 """Trial user attr on the trials the model chose: ``predicted-best`` and ``other-threads``
-(queued with the baselines, :func:`~tuner.pipeline.model_seeds`), then ``corrected`` or ``neighbour`` (:func:`tuner.pipeline._refine.next_setting`)."""
+(queued with the baselines, :func:`~tuner.pipeline.model_seeds`), then ``corrected`` or
+``neighbour`` (:func:`tuner.pipeline._refine.next_setting`)."""
 
 CORRECTED_ATTR = "corrected_samples_per_sec"
 """Trial user attr: the corrected prediction that chose the trial (beside the model's own)."""
