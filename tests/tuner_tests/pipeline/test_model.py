@@ -263,9 +263,7 @@ def test_the_seeds_add_the_other_thread_count_where_busy_workers_crowd_the_steps
 
 def test_the_seeds_are_the_predicted_best_alone_where_the_thread_count_is_not_in_doubt() -> None:
     # Workers waiting on storage beside a step that holds a few percent of the cores.
-    assert [why for why, _ in model_seeds(_profile(), _space(max_workers=64))] == [
-        "predicted-best"
-    ]
+    assert [why for why, _ in model_seeds(_profile(), _space(max_workers=64))] == ["predicted-best"]
     # A best within the cores (the loader in the main process beside a 2-thread step).
     serial = _space(max_workers=8, fixed={"num_workers": 0})
     assert [why for why, _ in model_seeds(_decoding(), serial)] == ["predicted-best"]
