@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import psutil
 import pytest
 import torch
 
@@ -9,7 +12,7 @@ from objectives import Workload, storage_workload
 from tests.tuner_tests.workloads import Vectors
 from tuner.pipeline import PipelineProfile
 from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
-from tuner.trial._pipeline import measure_pipeline, samples_per_batch
+from tuner.trial._pipeline import _cpu_s, measure_pipeline, samples_per_batch
 
 CPU = torch.device("cpu")
 
@@ -80,3 +83,15 @@ def test_the_stand_in_worker_holds_one_batch_not_every_batch_it_made() -> None:
     held = attrs["measured_samples"] // 16 * batch_bytes  # every batch made, were they held
     assert held >= 32 * batch_bytes  # enough batches that holding them would show
     assert attrs["worker_uss_bytes"] < 96 * 2**20 <= 0.75 * held
+
+
+def test_a_processs_cpu_is_read_finer_than_a_clock_tick() -> None:
+    """A worker's CPU in the profile's second is tens of milliseconds: 10 ms ticks would move it
+    by a third. Three milliseconds of spinning read as three, not as 0 or 10."""
+    me = psutil.Process()
+    before = _cpu_s(me)
+    started = time.thread_time()
+    while time.thread_time() - started < 0.003:
+        pass
+    spent = _cpu_s(me) - before
+    assert 0.0025 <= spent <= 0.0065

@@ -10,7 +10,7 @@ import optuna
 import pytest
 from optuna.distributions import IntDistribution
 
-from tests.tuner_tests.pipeline.test_model import _profile, _space
+from tests.tuner_tests.pipeline.test_model import _decoding, _profile, _space
 from tuner._naming import REMEASURED_ATTR
 from tuner.pipeline import PipelineModel
 from tuner.run._pipeline import (
@@ -19,6 +19,7 @@ from tuner.run._pipeline import (
     WORKER_RANGE_ATTR,
     bound_stop_candidate,
     bound_stop_message,
+    enqueue_model_seed,
     enqueue_next_setting,
     grow_worker_range,
 )
@@ -65,6 +66,23 @@ def test_no_stop_before_the_seeds_are_measured(study: optuna.Study) -> None:
     study.enqueue_trial({"num_workers": 8}, user_attrs={MODEL_SEED_ATTR: "predicted-best"})
     _add(study, 99.0, 8, **{MODEL_SEED_ATTR: "neighbour"})
     assert bound_stop_candidate(study, _model(100.0), SPACE) is None  # a seed still waits
+
+
+def test_the_seeds_are_queued_in_order_and_the_study_waits_for_all_of_them(
+    study: optuna.Study,
+) -> None:
+    space = _space(max_workers=8)
+    model = PipelineModel.build(_decoding(), space, None)
+    enqueue_model_seed(study, space, model)
+    queued = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs[MODEL_SEED_ATTR] for t in queued] == ["predicted-best", "other-threads"]
+    threads = {t.user_attrs["settings"]["torch_num_threads"] for t in queued}
+    assert threads == {1, 2}
+    # The predicted best measured near the bound: the study still waits for the other seed.
+    trial = study.ask()
+    assert trial.user_attrs[MODEL_SEED_ATTR] == "predicted-best"
+    study.tell(trial, 1_000.0)
+    assert bound_stop_candidate(study, dataclasses.replace(model, bound=1_000.0), space) is None
 
 
 def test_a_best_near_the_bound_stops_once_re_measured(study: optuna.Study) -> None:
