@@ -98,8 +98,9 @@ def _row(trial: FrozenTrial, medians: Mapping[int, float]) -> list[Any]:
 
 
 def _higher_median(best: FrozenTrial, medians: Mapping[int, float]) -> int | None:
-    """A re-measured trial whose median beats the best's (the race picks the candidate whose
-    slowest round is fastest, so the table's top row can be another trial), or None."""
+    """A re-measured trial whose median beats the best's, or None: the race picks among the
+    candidates still in it after its extra rounds, so one it dropped, on fewer rounds, can end
+    with the higher median and top the table."""
     if best.number not in medians:
         return None
     rivals = [number for number, median in medians.items() if median > medians[best.number]]
@@ -208,7 +209,7 @@ def print_summary(
     rival = _higher_median(best, medians)
     if rival is not None:
         print(
-            f"  picked by its slowest re-measured round, the steadiest; trial {rival}'s median "
+            f"  picked in the race, over more rounds; trial {rival}'s median, over fewer, "
             "is higher",
             file=out,
         )
