@@ -312,12 +312,13 @@ def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str,
     Where busy workers and step threads outnumber the cores, the model is least sure which
     thread count wins: it counts the cores as one shared limit, not what a multi-threaded step
     loses waiting for a descheduled thread. On the twelve stored image grids (2 cores, CPU-bound
-    decoding) it put its best at one step thread in all but one, and those settings read 59-77%
-    of the grid's top, while its best at two threads read 49-100% (seven of twelve at 80% or
-    more); the grids' tops ran two threads in eleven of twelve. ``bench.replay`` over those
-    grids (20 seeds, 10 trials, 10% noise) counted 78 of 240 runs within 95% of the top with
-    the predicted best alone and 110 with both; text (its best on no workers, not
-    oversubscribed) 188 and 189 of 260, storage 139 and 139 (docs/benchmarks.md, 2026-12-06).
+    decoding) it put its best at one step thread in nine, and its best at one thread read
+    59-76% of the grid's top in all twelve, while its best at two threads read 49-100% (six of
+    twelve at 80% or more); every grid's top ran two threads. ``bench.replay`` over those grids
+    (20 seeds, 10 trials, 10% noise, the race then picking by the slowest round) counted 78 of
+    240 runs within 95% of the top with the predicted best alone and 110 with both; text (its
+    best on no workers, not oversubscribed) 188 and 189 of 260, storage 139 and 139
+    (docs/benchmarks.md, 2026-12-06).
     """
     best = predicted_best(profile, space)
     seeds = [("predicted-best", best)]
