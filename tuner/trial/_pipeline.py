@@ -192,7 +192,8 @@ def _cpu_s(process: psutil.Process) -> float:
 
     ``cpu_times`` counts clock ticks (10 ms here). A storage workload's two workers spend 30-50
     ms of CPU on the profile's 256 samples, so its per-sample cost came in steps of 0.039 ms:
-    0.117 and 0.195 ms in two profiles of 2026-12-06, a third of the first.
+    0.117 and 0.195 ms in two profiles of 2026-12-06, a third of the first. Live threads
+    only: one that ends between two readings takes its CPU with it (a loader worker runs one).
     """
     try:
         tasks = os.listdir(f"/proc/{process.pid}/task")
