@@ -259,6 +259,11 @@ def candidate_setting(
     return space.settings(workers, batch, prefetch, persistent, pin, threads, knobs)
 
 
+def _thread_choices(space: SearchSpace) -> list[int]:
+    """The thread counts the model strategy tries: 1 and all (or the user's fixed one)."""
+    return list(_fixed_or(space, "torch_num_threads", sorted({1, space.max_threads})))
+
+
 def _candidates(space: SearchSpace) -> list[LoaderSettings]:
     """Every worker, batch, thread count and knob set of ``space``."""
     return [
@@ -324,7 +329,7 @@ def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str,
     seeds = [("predicted-best", best)]
     if not _threads_in_doubt(profile, best):
         return seeds
-    for threads in _fixed_or(space, "torch_num_threads", sorted({1, space.max_threads})):
+    for threads in _thread_choices(space):
         if threads != best.torch_num_threads:
             fixed = dataclasses.replace(space, fixed={**space.fixed, "torch_num_threads": threads})
             seeds.append(("other-threads", predicted_best(profile, fixed)))

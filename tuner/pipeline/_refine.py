@@ -28,7 +28,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from tuner.pipeline._model import _fixed_or, candidate_setting, predict
+from tuner.pipeline._model import _fixed_or, _thread_choices, candidate_setting, predict
 from tuner.pipeline._profile import PipelineProfile
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
@@ -132,10 +132,6 @@ def nearest_ratio(
     return statistics.median(r for d, r in distances if d <= nearest + 1e-9)
 
 
-def _threads(space: SearchSpace) -> list[int]:
-    return list(_fixed_or(space, "torch_num_threads", sorted({1, space.max_threads})))
-
-
 def _grid(space: SearchSpace) -> list[LoaderSettings]:
     """Every ladder worker count, batch value and thread count (1 or all) with each knob set."""
     workers = _fixed_or(space, "num_workers", worker_ladder(space.max_workers))
@@ -145,7 +141,7 @@ def _grid(space: SearchSpace) -> list[LoaderSettings]:
         for knobs in space.knob_sets()
         for w in workers
         for b in batches
-        for t in _threads(space)
+        for t in _thread_choices(space)
     ]
 
 
@@ -170,7 +166,7 @@ def _other_neighbours(space: SearchSpace, best: LoaderSettings) -> list[LoaderSe
         lower = [value for value in batches if value < b]
         higher = [value for value in batches if value > b]
         result += [candidate_setting(space, w, v, t, knobs) for v in (lower[-1:] + higher[:1])]
-    result += [candidate_setting(space, w, b, v, knobs) for v in _threads(space) if v != t]
+    result += [candidate_setting(space, w, b, v, knobs) for v in _thread_choices(space) if v != t]
     for knob, choices in space.workload.knobs.items():
         if knob not in space.fixed:
             for choice in choices:
