@@ -25,11 +25,14 @@ intra-op threads on ``c`` usable cores, per sample:
   stages, text 9.0% against 16.8% (docs/benchmarks.md). The plain minimum of the three is the
   ideal overlap, what the bound and the worker range are built from; without ``persistent_workers``
   each epoch also starts every worker again;
-* a multi-threaded step runs at its own measured rate; its threads' extra CPU per sample counts
-  against the cores in the CPU stage. (A fixed penalty for step threads beyond the cores the
-  workers leave free, 0.69 of the one-thread rate from one image measurement, was dropped: on
-  the six stored grids it raised the mean median error from 14.6% to 15.2%, and the grids'
-  fastest settings run two step threads beside two to four workers.)
+* a step runs at its own measured rate; a multi-threaded one's extra CPU per sample counts
+  against the cores in the CPU stage. Where busy workers and step threads outnumber the cores
+  and the step holds a material share of them (:attr:`Prediction.contended`), the step pays
+  for the crowd: a multi-threaded step :data:`THREAD_STALL_S` per batch, a one-thread step with
+  its workers only :data:`ONE_THREAD_SHARE` of the cores. (A fixed 0.69 of the one-thread rate
+  for step threads beyond the cores the workers leave free, from one image measurement, had
+  raised the error; the two terms, fitted on 15 image grids, lower image's mean median error
+  from 19.5% to 12.5% and put the grid's top at a median rank 7 instead of 37.)
 
 Each setting is predicted from its own knobs' costs (:meth:`PipelineProfile.for_knobs`): on
 image, ``collate=uint8`` profiled at 0.03-0.06 ms of collate per sample against 0.10-0.53 ms
@@ -61,7 +64,6 @@ __all__ = [
     "candidate_setting",
     "cores_demanded",
     "memory_max_workers",
-    "model_seeds",
     "predict",
     "predicted_best",
     "worker_range",
@@ -76,6 +78,27 @@ mean median error is 8.9% at 2, 8.7% at 1.5 and 9.9% at 3 (storage 1.8% at 2, 3.
 with the cores as a third stage it was 12.0% at 2, text's grids 16.2% and 20.3%. 2 was chosen
 on the ``search-*-2026-12-04`` grids with three stages (15.2% against 17.0% at 1.5 and 16.4%
 at 3), and kept."""
+
+CROWD_SHARE = 0.2
+"""The share of the cores the step, and the workers, must each hold before crowding costs the
+step (:attr:`Prediction.contended`; workers that cost next to nothing crowd nothing):
+the storage workload's small MLP step held 4-8% of them on the stored grids (its settings came
+out within 1.8% median error without a contention term, and a term applied there moved its
+predicted best off the optimum), image's 28-58%."""
+
+THREAD_STALL_S = 0.012
+"""What a multi-threaded step loses per batch when crowded: each parallel region waits for its
+slowest thread, and one descheduled by a busy worker comes back a time slice later. On the 15
+stored image grids (2 cores), settings with workers and a two-thread step measured a median
+0.65-0.72 of the model at batch 16-32 and 0.95-1.00 at 64-512: a fixed cost per batch, not per
+sample. 12 ms is the fit (``python -m bench.overlap_fit``, docs/benchmarks.md 2026-12-06 late),
+about the scheduler's period on 2 CPUs (CFS's ``sched_latency`` is 6 ms x (1 + log2 CPUs))."""
+
+ONE_THREAD_SHARE = 0.8
+"""The share of the cores a crowded one-thread step and its workers get to use: the step cannot
+take the second core while workers wait on a full queue, nor keep its own while they decode. On
+the stored image grids settings with 2-4 workers and a one-thread step measured a median
+0.75-0.87 of the model at every batch, one worker 0.97-1.16 (not crowded)."""
 
 HARD_MAX_WORKERS = MAX_WORKERS
 """No space goes beyond this many workers, whatever the model says (process-table sanity)."""
@@ -97,6 +120,10 @@ class Prediction:
     cpu: float
     ideal_samples_per_sec: float
     """The rate were the stages to overlap perfectly (their plain minimum)."""
+    contended: bool
+    """Busy workers and step threads outnumber the cores, and both the step and the workers hold
+    a material share of them (:data:`CROWD_SHARE`): the step loses what
+    :data:`THREAD_STALL_S` and :data:`ONE_THREAD_SHARE` say."""
 
     @property
     def limit(self) -> str:
@@ -161,7 +188,7 @@ def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
     if workers == 0:
         per_sample = profile.fetch_alone_s + profile.collate_s + profile.transfer_s + 1 / step_rate
         rate = 1 / per_sample
-        return Prediction(rate, math.inf, rate, math.inf, rate)
+        return Prediction(rate, math.inf, rate, math.inf, rate, contended=False)
     produce_s, worker_cpu, main_cpu = _costs(profile)
     # A worker fetches whole batches, and an epoch's batches are shared out among the workers:
     # ceil(batches / workers) rounds of one batch each, so workers beyond an epoch's batches
@@ -169,8 +196,23 @@ def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
     batches = max(1, math.ceil(epoch / samples))
     producer = epoch / (math.ceil(batches / workers) * samples * produce_s)
 
-    consumer = 1 / (1 / step_rate + main_cpu)
-    cpu = profile.usable_cores / max(1e-12, worker_cpu + main_cpu + step_cpu)
+    def consumer_and_cpu(contended: bool) -> tuple[float, float]:
+        stall = THREAD_STALL_S / samples if contended and threads > 1 else 0.0
+        share = ONE_THREAD_SHARE if contended and threads == 1 else 1.0
+        consumer = 1 / (1 / step_rate + stall + main_cpu)
+        cpu = share * profile.usable_cores / max(1e-12, worker_cpu + main_cpu + step_cpu)
+        return consumer, cpu
+
+    consumer, cpu = consumer_and_cpu(contended=False)
+    rate = _overlap(producer, min(consumer, cpu))
+    material = CROWD_SHARE * profile.usable_cores
+    contended = (
+        cores_demanded(profile, settings) > profile.usable_cores + 1e-9
+        and rate * step_cpu >= material
+        and rate * worker_cpu >= material
+    )
+    if contended:
+        consumer, cpu = consumer_and_cpu(contended=True)
 
     def epoch_rate(steady: float) -> float:
         epoch_s = epoch / steady
@@ -180,7 +222,7 @@ def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
 
     ideal = epoch_rate(min(producer, consumer, cpu))
     overlapped = _overlap(producer, min(consumer, cpu))
-    return Prediction(epoch_rate(overlapped), producer, consumer, cpu, ideal)
+    return Prediction(epoch_rate(overlapped), producer, consumer, cpu, ideal, contended)
 
 
 def memory_max_workers(
@@ -285,55 +327,9 @@ def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettin
 def cores_demanded(profile: PipelineProfile, settings: LoaderSettings) -> float:
     """The cores ``settings`` keeps busy at once: the step's threads, and each worker's share of
     its time spent on a core rather than waiting on storage (its CPU over its wall time)."""
-    profile = profile.for_knobs(settings.knobs)
-    produce_s, worker_cpu, _ = _costs(profile)
+    produce_s, worker_cpu, _ = _costs(profile.for_knobs(settings.knobs))
     busy = min(1.0, worker_cpu / produce_s) if produce_s > 0 else 1.0
     return settings.num_workers * busy + settings.torch_num_threads
-
-
-STEP_SHARE_IN_DOUBT = 0.2
-"""The share of the cores the step must hold at the predicted best before its thread count is
-in doubt: on the stored grids the storage workload's small MLP step held 4-8% (its thread
-count moves nothing), image's 28-58%."""
-
-
-def _threads_in_doubt(profile: PipelineProfile, settings: LoaderSettings) -> bool:
-    """Whether ``settings`` oversubscribes the cores with a step that holds a material share of
-    them: where the model is least sure which thread count wins (see :func:`model_seeds`)."""
-    if cores_demanded(profile, settings) <= profile.usable_cores + 1e-9:
-        return False
-    knobbed = profile.for_knobs(settings.knobs)
-    step_cpu = _step(knobbed.step_cpu_s, settings.torch_num_threads, settings.batch) or 0.0
-    rate = predict(profile, settings).samples_per_sec
-    return rate * step_cpu >= STEP_SHARE_IN_DOUBT * profile.usable_cores
-
-
-def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str, LoaderSettings]]:
-    """What the model strategy measures first, each with why: its predicted best
-    (``predicted-best``) and, where that one oversubscribes the cores (:func:`cores_demanded`)
-    with a step that holds at least :data:`STEP_SHARE_IN_DOUBT` of them, the predicted best at
-    each other thread count of the search (1 and all, ``other-threads``).
-
-    Where busy workers and step threads outnumber the cores, the model is least sure which
-    thread count wins: it counts the cores as one shared limit, not what a multi-threaded step
-    loses waiting for a descheduled thread. On the twelve stored image grids (2 cores, CPU-bound
-    decoding) it put its best at one step thread in nine, and its best at one thread read
-    59-76% of the grid's top in all twelve, while its best at two threads read 49-100% (six of
-    twelve at 80% or more); every grid's top ran two threads. ``bench.replay`` over those grids
-    (20 seeds, 10 trials, 10% noise, the race then picking by the slowest round) counted 78 of
-    240 runs within 95% of the top with the predicted best alone and 110 with both; text (its
-    best on no workers, not oversubscribed) 188 and 189 of 260, storage 139 and 139
-    (docs/benchmarks.md, 2026-12-06).
-    """
-    best = predicted_best(profile, space)
-    seeds = [("predicted-best", best)]
-    if not _threads_in_doubt(profile, best):
-        return seeds
-    for threads in _thread_choices(space):
-        if threads != best.torch_num_threads:
-            fixed = dataclasses.replace(space, fixed={**space.fixed, "torch_num_threads": threads})
-            seeds.append(("other-threads", predicted_best(profile, fixed)))
-    return seeds
 
 
 def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes: int | None) -> int:

@@ -11,15 +11,15 @@ from tests.tuner_tests.workloads import Vectors
 from tuner.pipeline import (
     PipelineModel,
     PipelineProfile,
+    _model,
     cores_demanded,
     memory_max_workers,
-    model_seeds,
     predict,
     predicted_best,
     stored_profile,
     worker_range,
 )
-from tuner.pipeline._model import HARD_MAX_WORKERS
+from tuner.pipeline._model import HARD_MAX_WORKERS, ONE_THREAD_SHARE, THREAD_STALL_S
 from tuner.pipeline._profile import KNOB_COST_FIELDS, knob_key
 from tuner.search._space import SearchSpace
 
@@ -248,28 +248,44 @@ def test_the_cores_demanded_count_a_workers_busy_share_and_the_steps_threads() -
     assert 1.2 < waiting < 1.3
 
 
-def test_the_seeds_add_the_other_thread_count_where_busy_workers_crowd_the_steps_threads() -> None:
+def test_a_step_is_crowded_where_busy_workers_and_its_threads_outnumber_the_cores() -> None:
     space = _space(max_workers=8)
-    seeds = model_seeds(_decoding(), space)
-    assert [why for why, _ in seeds] == ["predicted-best", "other-threads"]
-    (_, best), (_, other) = seeds
-    assert best == predicted_best(_decoding(), space)
-    assert cores_demanded(_decoding(), best) > 2
-    assert {best.torch_num_threads, other.torch_num_threads} == {1, 2}
-    assert other == predicted_best(
-        _decoding(), _space(max_workers=8, fixed={"torch_num_threads": other.torch_num_threads})
-    )
+    assert predict(_decoding(), _settings(space, 4, threads=2)).contended
+    assert predict(_decoding(), _settings(space, 2, threads=1)).contended
+    # Within the cores: no workers, or one busy worker beside a one-thread step.
+    assert not predict(_decoding(), _settings(space, 0, threads=2)).contended
+    assert not predict(_decoding(), _settings(space, 1, threads=1)).contended
+    # Many workers waiting on storage beside a step that holds a few percent of the cores.
+    light = _profile(step_cpu_s={t: {b: 1 / 100_000 for b in BATCHES} for t in (1, 2)})
+    waiting = _settings(_space(max_workers=160), 160)
+    assert cores_demanded(light, waiting) > 2
+    assert not predict(light, waiting).contended
+    # Workers that cost next to nothing crowd nothing, however many there are.
+    idle = _profile(fetch_wall_s=1e-6, fetch_cpu_s=1e-6, collate_s=1e-7, ipc_dump_s=1e-7)
+    assert cores_demanded(idle, _settings(space, 4, threads=2)) > 2
+    assert not predict(idle, _settings(space, 4, threads=2)).contended
 
 
-def test_the_seeds_are_the_predicted_best_alone_where_the_thread_count_is_not_in_doubt() -> None:
-    # Workers waiting on storage beside a step that holds a few percent of the cores.
-    assert [why for why, _ in model_seeds(_profile(), _space(max_workers=64))] == ["predicted-best"]
-    # A best within the cores (the loader in the main process beside a 2-thread step).
-    serial = _space(max_workers=8, fixed={"num_workers": 0})
-    assert [why for why, _ in model_seeds(_decoding(), serial)] == ["predicted-best"]
-    # The user fixed the thread count.
-    fixed = _space(max_workers=8, fixed={"torch_num_threads": 2})
-    assert [why for why, _ in model_seeds(_decoding(), fixed)] == ["predicted-best"]
+def test_a_crowded_multi_threaded_step_loses_a_stall_per_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    space = _space(max_workers=8)
+    small, large = _settings(space, 4, 8, threads=2), _settings(space, 4, 64, threads=2)
+    crowded = [predict(_decoding(), s).consumer for s in (small, large)]
+    monkeypatch.setattr(_model, "THREAD_STALL_S", 0.0)
+    free = [predict(_decoding(), s).consumer for s in (small, large)]
+    # The stall is paid per batch: the small batch loses more of its rate than the large one.
+    assert crowded[0] / free[0] < crowded[1] / free[1] < 1.0
+    assert 1 / crowded[0] - 1 / free[0] == pytest.approx(THREAD_STALL_S / 8)
+
+
+def test_a_crowded_one_thread_step_gets_a_share_of_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = _settings(_space(max_workers=8), 4, threads=1)
+    crowded = predict(_decoding(), settings)
+    monkeypatch.setattr(_model, "ONE_THREAD_SHARE", 1.0)
+    assert crowded.cpu == pytest.approx(ONE_THREAD_SHARE * predict(_decoding(), settings).cpu)
 
 
 def test_the_profile_round_trips_through_study_attrs() -> None:
