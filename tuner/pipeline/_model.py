@@ -64,6 +64,7 @@ __all__ = [
     "candidate_setting",
     "cores_demanded",
     "memory_max_workers",
+    "model_seeds",
     "predict",
     "predicted_best",
     "worker_range",
@@ -322,6 +323,37 @@ def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettin
     _, best = _best_at(profile, _candidates(space))
     assert best is not None  # a space always holds at least one setting
     return best
+
+
+def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str, LoaderSettings]]:
+    """What the model strategy measures first, each with why: its predicted best
+    (``predicted-best``) and, where that one's step is crowded (:attr:`Prediction.contended`),
+    the best setting whose busy workers and step threads fit within the cores
+    (``within-cores``; with at least one worker, so the loader leaves the main process).
+
+    The crowd's costs are fitted constants, the rest of the model is measured, so where the
+    predicted best pays them the setting that pays none is the other answer worth a trial. On 2
+    cores the image optimum re-measured ran one worker and one step thread in three of the
+    eight grids of 2026-12-06 (``08e3a21`` run 2, ``8093ed3``, ``be3ccbc``), and no study
+    measured it in any of the three; the picks read 81-90% of it. Where the optimum ran 2-4
+    workers and two threads, one worker and one thread read 90-93% of it. ``bench.replay``
+    cannot tell the seed's worth (it grades single windows, where the crowded settings read
+    5-13% above their re-measured medians): 139 runs within 95% of the top with it against
+    141 without, of 300 on 15 stored image grids (docs/benchmarks.md, 2026-12-06 11:26).
+    """
+    best = predicted_best(profile, space)
+    seeds = [("predicted-best", best)]
+    if predict(profile, best).contended:
+        within = [
+            candidate
+            for candidate in _candidates(space)
+            if candidate.num_workers > 0
+            and cores_demanded(profile, candidate) <= profile.usable_cores + 1e-9
+        ]
+        _, calm = _best_at(profile, within)
+        if calm is not None:
+            seeds.append(("within-cores", calm))
+    return seeds
 
 
 def cores_demanded(profile: PipelineProfile, settings: LoaderSettings) -> float:

@@ -26,8 +26,8 @@ from tuner.pipeline import (
     PipelineProfile,
     Proposal,
     memory_max_workers,
+    model_seeds,
     next_setting,
-    predicted_best,
     setting_key,
     store_profile,
     stored_profile,
@@ -61,8 +61,9 @@ _log = logging.getLogger("tuner")
 
 WORKER_RANGE_ATTR = "num_workers_max"
 MODEL_SEED_ATTR = "model_seed"
-"""Trial user attr on the trials the model chose: ``predicted-best`` (queued with the
-baselines), then ``corrected`` or ``neighbour`` (:func:`tuner.pipeline._refine.next_setting`)."""
+"""Trial user attr on the trials the model chose: ``predicted-best`` and ``within-cores``
+(queued with the baselines, :func:`~tuner.pipeline.model_seeds`), then ``corrected`` or
+``neighbour`` (:func:`tuner.pipeline._refine.next_setting`)."""
 
 CORRECTED_ATTR = "corrected_samples_per_sec"
 """Trial user attr: the corrected prediction that chose the trial (beside the model's own)."""
@@ -129,10 +130,10 @@ def model_space(
 
 
 def enqueue_model_seed(study: optuna.Study, space: SearchSpace, model: PipelineModel) -> None:
-    """Queue the model's predicted best of ``space``; the caller holds the study lock and has
-    just queued the baselines (so this happens once per study)."""
-    best = predicted_best(model.profile, space)
-    enqueue_settings(study, space, best, **{MODEL_SEED_ATTR: "predicted-best"})
+    """Queue the model's seeds (:func:`~tuner.pipeline.model_seeds`); the caller holds the study
+    lock and has just queued the baselines (so this happens once per study)."""
+    for why, settings in model_seeds(model.profile, space):
+        enqueue_settings(study, space, settings, **{MODEL_SEED_ATTR: why})
 
 
 def _measurements(

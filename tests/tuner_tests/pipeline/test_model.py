@@ -14,6 +14,7 @@ from tuner.pipeline import (
     _model,
     cores_demanded,
     memory_max_workers,
+    model_seeds,
     predict,
     predicted_best,
     stored_profile,
@@ -286,6 +287,26 @@ def test_a_crowded_one_thread_step_gets_a_share_of_the_cores(
     crowded = predict(_decoding(), settings)
     monkeypatch.setattr(_model, "ONE_THREAD_SHARE", 1.0)
     assert crowded.cpu == pytest.approx(ONE_THREAD_SHARE * predict(_decoding(), settings).cpu)
+
+
+def test_a_crowded_best_is_seeded_with_the_best_within_the_cores() -> None:
+    space = _space(max_workers=8)
+    seeds = model_seeds(_decoding(), space)
+    assert [why for why, _ in seeds] == ["predicted-best", "within-cores"]
+    (_, best), (_, calm) = seeds
+    assert best == predicted_best(_decoding(), space)
+    assert predict(_decoding(), best).contended
+    # One busy worker beside a one-thread step: 2 cores, no crowd, the loader off the main process.
+    assert (calm.num_workers, calm.torch_num_threads) == (1, 1)
+    assert cores_demanded(_decoding(), calm) <= 2 and not predict(_decoding(), calm).contended
+
+
+def test_an_uncrowded_best_is_the_only_seed() -> None:
+    # Workers waiting on storage beside a step that holds a few percent of the cores.
+    assert [why for why, _ in model_seeds(_profile(), _space(max_workers=64))] == ["predicted-best"]
+    # The loader in the main process.
+    serial = _space(max_workers=8, fixed={"num_workers": 0})
+    assert [why for why, _ in model_seeds(_decoding(), serial)] == ["predicted-best"]
 
 
 def test_the_profile_round_trips_through_study_attrs() -> None:

@@ -68,13 +68,19 @@ def test_no_stop_before_the_seeds_are_measured(study: optuna.Study) -> None:
     assert bound_stop_candidate(study, _model(100.0), SPACE) is None  # a seed still waits
 
 
-def test_the_seed_is_the_predicted_best_and_the_study_waits_for_it(study: optuna.Study) -> None:
+def test_the_seeds_are_queued_in_order_and_the_study_waits_for_all_of_them(
+    study: optuna.Study,
+) -> None:
     space = _space(max_workers=8)
     model = PipelineModel.build(_decoding(), space, None)
     enqueue_model_seed(study, space, model)
     queued = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    assert [t.user_attrs[MODEL_SEED_ATTR] for t in queued] == ["predicted-best"]
+    assert [t.user_attrs[MODEL_SEED_ATTR] for t in queued] == ["predicted-best", "within-cores"]
     assert queued[0].user_attrs["settings"] == model.best.to_attrs()
+    # The predicted best measured near the bound: the study still waits for the other seed.
+    trial = study.ask()
+    assert trial.user_attrs[MODEL_SEED_ATTR] == "predicted-best"
+    study.tell(trial, 1_000.0)
     assert bound_stop_candidate(study, dataclasses.replace(model, bound=1_000.0), space) is None
 
 
