@@ -311,8 +311,8 @@ def test_the_default_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path
     ]
     assert trials[2].user_attrs["model_seed"] == "predicted-best"
     assert trials[2].user_attrs["settings"]["num_workers"] > detect_fingerprint().usable_cpus
-    # Then, where the predicted best's step is crowded, the best that is not; then the model's
-    # corrected picks and the best's neighbours, one at a time.
+    # Then, where the predicted best's step is crowded, the best within the cores; then the
+    # model's corrected picks and the best's neighbours, one at a time.
     seeds = [t.user_attrs.get("model_seed") for t in trials[3:]]
     proposed = seeds[1:] if seeds[:1] == ["within-cores"] else seeds
     assert proposed and set(proposed) <= {"corrected", "neighbour"}

@@ -27,7 +27,7 @@ intra-op threads on ``c`` usable cores, per sample:
   each epoch also starts every worker again;
 * a step runs at its own measured rate; a multi-threaded one's extra CPU per sample counts
   against the cores in the CPU stage. Where busy workers and step threads outnumber the cores
-  and the step holds a material share of them (:attr:`Prediction.contended`), the step pays
+  and both hold a material share of them (:attr:`Prediction.contended`), the step pays
   for the crowd: a multi-threaded step :data:`THREAD_STALL_S` per batch, a one-thread step with
   its workers only :data:`ONE_THREAD_SHARE` of the cores. (A fixed 0.69 of the one-thread rate
   for step threads beyond the cores the workers leave free, from one image measurement, had
@@ -83,16 +83,17 @@ at 3), and kept."""
 CROWD_SHARE = 0.2
 """The share of the cores the step, and the workers, must each hold before crowding costs the
 step (:attr:`Prediction.contended`; workers that cost next to nothing crowd nothing):
-the storage workload's small MLP step held 4-8% of them on the stored grids (its settings came
-out within 1.8% median error without a contention term, and a term applied there moved its
-predicted best off the optimum), image's 28-58%."""
+the storage workload's small MLP step held 4-8% of them on the stored grids, and its settings
+came out within 1.8% median error without the crowd's terms (the one-thread share applied to
+its hundred-odd waiting workers cost 35 of 300 replayed storage runs); image's step held
+28-58%."""
 
 THREAD_STALL_S = 0.012
 """What a multi-threaded step loses per batch when crowded: each parallel region waits for its
 slowest thread, and one descheduled by a busy worker comes back a time slice later. On the 15
 stored image grids (2 cores), settings with workers and a two-thread step measured a median
 0.65-0.72 of the model at batch 16-32 and 0.95-1.00 at 64-512: a fixed cost per batch, not per
-sample. 12 ms is the fit (``python -m bench.overlap_fit``, docs/benchmarks.md 2026-12-06 late),
+sample. 12 ms is the fit (``python -m bench.overlap_fit``, docs/benchmarks.md 2026-12-06 11:26),
 about the scheduler's period on 2 CPUs (CFS's ``sched_latency`` is 6 ms x (1 + log2 CPUs))."""
 
 ONE_THREAD_SHARE = 0.8
@@ -334,9 +335,8 @@ def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str,
     The crowd's costs are fitted constants, the rest of the model is measured, so where the
     predicted best pays them the setting that pays none is the other answer worth a trial. On 2
     cores the image optimum re-measured ran one worker and one step thread in three of the
-    eight grids of 2026-12-06 (``08e3a21`` run 2, ``8093ed3``, ``be3ccbc``), and no study
-    measured it in any of the three; the picks read 81-90% of it. Where the optimum ran 2-4
-    workers and two threads, one worker and one thread read 90-93% of it. ``bench.replay``
+    nine grids of 2026-12-06 (``08e3a21`` run 2, ``8093ed3``, ``be3ccbc``), and no study
+    measured it in any of the three; the picks read 81-92% of it. ``bench.replay``
     cannot tell the seed's worth (it grades single windows, where the crowded settings read
     5-13% above their re-measured medians): 139 runs within 95% of the top with it against
     141 without, of 300 on 15 stored image grids (docs/benchmarks.md, 2026-12-06 11:26).
