@@ -2,19 +2,20 @@
 plain training loop in a fresh process, beside the study's re-measured figure.
 
     python -m bench.deliver                         # image and photos, short studies
-    python -m bench.deliver --workloads photos --n-trials 14 --rounds 3
+    python -m bench.deliver --workloads text,storage --n-trials 14 --rounds 3
 
-For each workload (the built-in ``image`` at the benchmarks' size, and ``photos``, a user-style
-file workload: JPEG decode + PIL augmentation in ``__getitem__``, a small CNN step; see
-``bench/photos_workload.py``) it runs a short study with ``python -m tuner.study`` on a fresh
-SQLite file, then measures, in rounds (the order rotated each round, every measurement in a
-new interpreter):
+For each workload (the built-in ``image``, ``text`` and ``storage`` at the benchmarks' sizes,
+and ``photos``, a user-style file workload: JPEG decode + PIL augmentation in ``__getitem__``,
+a small CNN step; see ``bench/photos_workload.py``) it runs a short study with
+``python -m tuner.study`` on a fresh SQLite file, then measures, in rounds (the order rotated
+each round, every measurement in a new interpreter):
 
 * ``tuner.loader``: ``tuner.loader(workload=..., objective=..., storage=...)``;
 * ``--format python``: the snippet ``python -m tuner.best`` prints, executed as pasted;
 * ``--format json``: the JSON file read as the README says (``DataLoader(ds,
   **setting["dataloader"])``, ``torch.set_num_threads(setting["torch_num_threads"])``, the
-  knobs through the workload's ``configure``);
+  knobs through the workload's ``configure``, a token budget through the workload's batch
+  sampler);
 * ``kwargs only``: for reference, what ``--format json`` delivered before (the DataLoader
   arguments alone, torch's default threads, the workload's default knobs);
 * ``tuner measure``: the tuner's own measurement of the setting now (a trial child), so a
@@ -43,6 +44,7 @@ from typing import Any
 
 import torch
 
+from bench._harness import WORKLOADS as BENCH_WORKLOADS
 from bench._harness import (
     Harness,
     describe,
@@ -58,10 +60,11 @@ ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.90
 
 WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
-    "image": ("image", {"images": 512, "resolution": 96}),
+    **{name: (w.objective, dict(w.options)) for name, w in BENCH_WORKLOADS.items()},
     "photos": ("bench.photos_workload:workload", {}),
 }
-"""name -> (objective spec, workload options as ``python -m tuner.study`` flags take them)."""
+"""name -> (objective spec, workload options as ``python -m tuner.study`` flags take them): the
+built-in workloads at the benchmarks' sizes, and ``photos``."""
 
 PATHS = ("tuner.loader", "--format python", "--format json", "kwargs only", "tuner measure")
 
@@ -83,6 +86,7 @@ _BUILD = {
         import json
         import torch
         from torch.utils.data import DataLoader
+        from bench.deliver import sampling
         from objectives import load_workload
         with open(SETTING) as f:
             setting = json.load(f)
@@ -90,23 +94,33 @@ _BUILD = {
         workload = load_workload(setting["objective"], setting["workload_options"])
         workload = workload.with_knobs(setting["knobs"])
         loader = DataLoader(
-            workload.dataset, collate_fn=workload.collate_fn, shuffle=True,
-            **setting["dataloader"],
+            workload.dataset, collate_fn=workload.collate_fn, **setting["dataloader"],
+            **sampling(workload, setting),
         )
     """,
     "kwargs only": """
         import json
         from torch.utils.data import DataLoader
+        from bench.deliver import sampling
         from objectives import load_workload
         with open(SETTING) as f:
             setting = json.load(f)
         workload = load_workload(OBJECTIVE, OPTIONS)
         loader = DataLoader(
-            workload.dataset, collate_fn=workload.collate_fn, shuffle=True,
-            **setting["dataloader"],
+            workload.dataset, collate_fn=workload.collate_fn, **setting["dataloader"],
+            **sampling(workload, setting),
         )
     """,
 }
+
+
+def sampling(workload: Any, setting: dict[str, Any]) -> dict[str, Any]:
+    """How the README's JSON recipe orders samples: shuffled batches of ``batch_size``, or, for
+    a tuned token budget (``batch_param`` other than ``batch_size``), the workload's batch
+    sampler given the budget (``batch_sampler=``)."""
+    if setting["batch_param"] == "batch_size":
+        return {"shuffle": True}
+    return {"batch_sampler": workload.batch_sampler(workload.dataset, setting["batch"], 0)}
 
 
 def plain_loop(loader: Any, workload: Any, warmup_s: float, window_s: float) -> dict[str, Any]:
@@ -181,7 +195,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _option_flags(options: dict[str, Any]) -> list[str]:
-    return [part for key, value in options.items() for part in (f"--{key}", str(value))]
+    return [
+        part
+        for key, value in options.items()
+        for part in (f"--{key.replace('_', '-')}", str(value))
+    ]
 
 
 def _study(name: str, storage: str, args: argparse.Namespace) -> BestSetting:
@@ -281,7 +299,9 @@ def _table(name: str, result: dict[str, Any]) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.deliver", description=__doc__.split("\n")[0])
-    p.add_argument("--workloads", default="image,photos", help="comma-separated: image, photos")
+    p.add_argument(
+        "--workloads", default="image,photos", help=f"comma-separated: {', '.join(WORKLOADS)}"
+    )
     p.add_argument("--n-trials", type=int, default=12)
     p.add_argument("--trial-seconds", type=float, default=3.0)
     p.add_argument("--rounds", type=int, default=3)

@@ -225,6 +225,16 @@ REFUSED = [
         study("--objective", "text", "--model", "resnet50"),
         "--model applies to --objective image only",
     ),
+    Case(
+        "text-flag-for-image",
+        study("--objective", "image", "--vocab-size", "100"),
+        "--vocab-size applies to --objective text only",
+    ),
+    Case(
+        "text-vocab-too-small",
+        study("--objective", "text", "--vocab-size", "1"),
+        "vocab_size must be at least 2",
+    ),
     Case("image-dir-missing", study("--image-dir", "{tmp}/no-images"), "no-images"),
     Case(
         "study-of-another-objective",

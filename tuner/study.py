@@ -139,6 +139,12 @@ def parser() -> argparse.ArgumentParser:
     workload.add_argument(
         "--sequences", type=int, default=None, help="text: how many token sequences"
     )
+    workload.add_argument(
+        "--vocab-size", type=int, default=None, help="text: token ids (default 2048)"
+    )
+    workload.add_argument(
+        "--max-length", type=int, default=None, help="text: the longest sequence (default 512)"
+    )
     workload.add_argument("--samples", type=int, default=None, help="storage: how many samples")
     workload.add_argument(
         "--latency-ms", type=int, default=None, help="storage: each sample's wait (default 8)"
@@ -148,7 +154,7 @@ def parser() -> argparse.ArgumentParser:
 
 _WORKLOAD_FLAGS = {
     "image": ("model", "images", "resolution", "image_dir"),
-    "text": ("sequences",),
+    "text": ("sequences", "vocab_size", "max_length"),
     "storage": ("samples", "latency_ms"),
 }
 
