@@ -261,7 +261,11 @@ def deliver(name: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]
                 got = _measure_in_fresh_process(path, context, args)
             if got is not None:
                 runs[path].append(got)
-    return {"best": best.to_json(), "setting": describe(best.settings), "runs": runs}
+    return {
+        "best": best.to_json(),
+        "setting": describe(best.settings, best.batch_param),
+        "runs": runs,
+    }
 
 
 def _table(name: str, result: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ from tuner.trial._fetch import fetched_batches
 from tuner.trial._heaviest import heaviest_batch
 from tuner.trial._measure import count_samples, synchronize
 
-__all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_step_rates", "strata"]
+__all__ = ["CLIMB_STOP_FRACTION", "StepRates", "measure_step_rates", "step_batch", "strata"]
 
 
 ROTATED_BATCHES = 8
@@ -104,6 +104,13 @@ class _StepBatches:
             fetched = fetched_batches(self._workload, strata(self._plan, count))
             self._built[count] = [move_to_device(batch, self._device) for batch in fetched]
         return self._built[count]
+
+
+def step_batch(
+    workload: Workload, settings: LoaderSettings, seed: int, device: torch.device
+) -> object:
+    """The batch the step is timed on where one is (:class:`_StepBatches`), on ``device``."""
+    return _StepBatches(workload, settings, seed, device).take(1)[0]
 
 
 def _step_rate(

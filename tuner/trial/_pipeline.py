@@ -28,7 +28,7 @@ from objectives import Workload, move_to_device
 from tuner.machine._process import process_tree_memory_bytes
 from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
 from tuner.search._settings import LoaderSettings
-from tuner.trial._ceiling import measure_step_rates
+from tuner.trial._ceiling import step_batch
 from tuner.trial._measure import count_samples, synchronize
 
 __all__ = ["measure_pipeline", "samples_per_batch"]
@@ -36,7 +36,11 @@ __all__ = ["measure_pipeline", "samples_per_batch"]
 STEP_WINDOW_S = 0.3
 """The window of the step's time per knob value: a ratio at one batch, not the ceiling."""
 STEP_ROUNDS = 2
-"""Alternate windows of the base knobs' step and a variant's, for the ratio of their times."""
+"""Windows of :data:`STEP_WINDOW_S` each side of the ratio of a variant's step time to the base
+knobs' gets, its steps and theirs taken in turn."""
+
+STEP_MIN_STEPS = 5
+"""...and at least this many timed steps each, whatever the windows hold."""
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -264,25 +268,36 @@ def _sample_costs(
     return costs, last
 
 
-def _step_s(workload: Workload, batch: int, device: torch.device, seed: int) -> float:
-    """The step's seconds per sample at ``batch`` on one thread (a short window)."""
-    settings = LoaderSettings(batch=batch, num_workers=0, torch_num_threads=1)
-    rates = measure_step_rates(
-        workload, settings, device, STEP_WINDOW_S, STEP_WINDOW_S / 2, threads=[1], seed=seed
-    )
-    return 1 / max(1e-12, rates.rates[1][batch])
-
-
 def _step_time_ratio(
     base: Workload, variant: Workload, batch: int, device: torch.device, seed: int
 ) -> float:
-    """``variant``'s step time per sample over ``base``'s, measured alternately
-    (:data:`STEP_ROUNDS` each) so that the machine's drift falls on both."""
-    base_s = variant_s = 0.0
-    for _ in range(STEP_ROUNDS):
-        base_s += _step_s(base, batch, device, seed)
-        variant_s += _step_s(variant, batch, device, seed)
-    return variant_s / base_s
+    """``variant``'s step time per sample over ``base``'s at ``batch`` on one thread: the two
+    steps timed one after the other, turn and turn about, for :data:`STEP_ROUNDS` windows each,
+    and the ratio of their median step times.
+
+    Whole windows taken in turn (two rounds, their times summed) read image's ``uint8`` step at
+    0.93-1.48 of the ``float`` one over 15 stored profiles, four of them above 1.27 where the
+    rest sat near 1.0: a slow spell of the machine fell on one side's window. Step by step, a
+    spell falls on both, and a median leaves out the steps it stretched.
+    """
+    settings = LoaderSettings(batch=batch, num_workers=0, torch_num_threads=1)
+    torch.set_num_threads(1)
+    sides = []
+    for workload in (base, variant):
+        prepared = step_batch(workload, settings, seed, device)
+        sides.append((workload.train_step(device), prepared, max(1, count_samples(prepared))))
+    times: tuple[list[float], list[float]] = ([], [])
+    warm_until = time.perf_counter() + STEP_WINDOW_S / 2
+    window_until = warm_until + 2 * STEP_ROUNDS * STEP_WINDOW_S
+    while time.perf_counter() < window_until or min(map(len, times)) < STEP_MIN_STEPS:
+        for side, (step, prepared, samples) in enumerate(sides):
+            started = time.perf_counter()
+            step(prepared)
+            step.optimizer_step()
+            synchronize(device)
+            if started >= warm_until:
+                times[side].append((time.perf_counter() - started) / samples)
+    return statistics.median(times[1]) / max(1e-12, statistics.median(times[0]))
 
 
 def measure_pipeline(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 import psutil
@@ -14,7 +15,7 @@ from objectives import Workload, storage_workload
 from tests.tuner_tests.workloads import Vectors
 from tuner.pipeline import PipelineProfile
 from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
-from tuner.trial._pipeline import _cpu_s, measure_pipeline, samples_per_batch
+from tuner.trial._pipeline import _cpu_s, _step_time_ratio, measure_pipeline, samples_per_batch
 
 CPU = torch.device("cpu")
 
@@ -72,6 +73,25 @@ def test_each_other_knob_value_is_profiled_with_its_own_costs() -> None:
         {**attrs, "usable_cores": 2.0, "step_rates": {1: {8: 100.0}}, "step_cpu_s": {1: {8: 0.01}}}
     )
     assert stored.for_knobs({"collate": "uint8"}).sample_bytes == uint8["sample_bytes"]
+
+
+def _sleeping_step(seconds: float) -> Callable[[object, torch.device], None]:
+    def step(batch: object, device: torch.device) -> None:
+        time.sleep(seconds)
+
+    return step
+
+
+def test_a_knobs_step_time_is_read_against_the_base_steps() -> None:
+    def workload(seconds: float) -> Workload:
+        return Workload(
+            name="sleeper", dataset=Vectors(), step=_sleeping_step(seconds), default_batch_size=8
+        )
+
+    doubled = _step_time_ratio(workload(0.002), workload(0.004), 8, CPU, seed=0)
+    same = _step_time_ratio(workload(0.003), workload(0.003), 8, CPU, seed=0)
+    assert doubled == pytest.approx(2.0, rel=0.2)
+    assert same == pytest.approx(1.0, rel=0.15)
 
 
 def test_the_stand_in_worker_holds_one_batch_not_every_batch_it_made() -> None:
