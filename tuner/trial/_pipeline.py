@@ -36,8 +36,8 @@ __all__ = ["measure_pipeline", "samples_per_batch"]
 STEP_WINDOW_S = 0.3
 """The window of the step's time per knob value: a ratio at one batch, not the ceiling."""
 STEP_ROUNDS = 2
-"""Windows of :data:`STEP_WINDOW_S` each side of the ratio of a variant's step time to the base
-knobs' gets, its steps and theirs taken in turn."""
+"""How many windows of :data:`STEP_WINDOW_S` each side of a knob value's step-time ratio gets
+(its steps and the base knobs' taken in turn)."""
 
 STEP_MIN_STEPS = 5
 """...and at least this many timed steps each, whatever the windows hold."""
@@ -276,8 +276,8 @@ def _step_time_ratio(
     and the ratio of their median step times.
 
     Whole windows taken in turn (two rounds, their times summed) read image's ``uint8`` step at
-    0.93-1.48 of the ``float`` one over 15 stored profiles, four of them above 1.27 where the
-    rest sat near 1.0: a slow spell of the machine fell on one side's window. Step by step, a
+    0.93-1.48 of the ``float`` one over 15 stored profiles, four of them 1.27-1.48 where the
+    rest sat at 0.93-1.07: a slow spell of the machine fell on one side's window. Step by step, a
     spell falls on both, and a median leaves out the steps it stretched.
     """
     settings = LoaderSettings(batch=batch, num_workers=0, torch_num_threads=1)
