@@ -209,7 +209,7 @@ def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
     rate = _overlap(producer, min(consumer, cpu))
     material = CROWD_SHARE * profile.usable_cores
     contended = (
-        cores_demanded(profile, settings) > profile.usable_cores + 1e-9
+        not _within_cores(profile, settings)
         and rate * step_cpu >= material
         and rate * worker_cpu >= material
     )
@@ -347,8 +347,7 @@ def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str,
         within = [
             candidate
             for candidate in _candidates(space)
-            if candidate.num_workers > 0
-            and cores_demanded(profile, candidate) <= profile.usable_cores + 1e-9
+            if candidate.num_workers > 0 and _within_cores(profile, candidate)
         ]
         _, calm = _best_at(profile, within)
         if calm is not None:
@@ -362,6 +361,11 @@ def cores_demanded(profile: PipelineProfile, settings: LoaderSettings) -> float:
     produce_s, worker_cpu, _ = _costs(profile.for_knobs(settings.knobs))
     busy = min(1.0, worker_cpu / produce_s) if produce_s > 0 else 1.0
     return settings.num_workers * busy + settings.torch_num_threads
+
+
+def _within_cores(profile: PipelineProfile, settings: LoaderSettings) -> bool:
+    """Whether ``settings``' busy workers and step threads fit in the usable cores."""
+    return cores_demanded(profile, settings) <= profile.usable_cores + 1e-9
 
 
 def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes: int | None) -> int:
