@@ -5,45 +5,27 @@ can be recomputed from stored attrs and checked against the trials (``predicted_
 beside each measured one). For ``w`` workers, batch value ``b`` (``n`` samples) and ``t``
 intra-op threads on ``c`` usable cores, per sample:
 
-* the workers produce at most ``w / (fetch_wall + collate + ipc_dump)`` (a worker waits on
-  storage without using its core, so ``w`` may exceed ``c`` by the fetch's wait share), and
-  since each fetches whole batches, an epoch of ``B`` batches takes ``ceil(B / w)`` batch
-  fetches: workers beyond an epoch's batches add nothing;
+* the workers produce at most ``w / (fetch_wall + collate + ipc_dump)`` (a worker waiting on
+  storage holds no core, so ``w`` may exceed ``c``); an epoch of ``B`` batches takes
+  ``ceil(B / w)`` batch fetches, so workers beyond an epoch's batches add nothing;
 * the main process consumes at most ``1 / (1 / step_rate(t, b) + ipc_load + transfer)``;
 * everything shares the cores: ``rate * (fetch_cpu + collate + ipc_dump + ipc_load + transfer
-  + step_cpu(t, b)) <= c``, with the CPU a real DataLoader spends per sample (queues, shared
-  memory) where it exceeds the parts timed one by one;
-* the two stages do not overlap perfectly (a batch late from the workers idles the step, a
-  slow step fills the queue and idles the workers): the rate is their smooth minimum
-  ``(producer**-k + main**-k) ** (-1/k)`` with ``k`` = :data:`OVERLAP_POWER`, where ``main`` is
-  the consumer capped by the cores, ``min(consumer, cpu)``: the cores are a limit shared by both
-  sides, not a third stage that stalls, and counted as one they took the overlap's loss twice
-  where the step itself fills the cores (text's step on 2 threads: predicted 14-19% under every
-  setting with workers). It trades image for text: on the fresh grids of 2026-12-05 image's
-  settings with workers came out 17-28% high (a 2-thread step beside 2-4 decoding workers on 2
-  cores loses more than one shared limit says), median error 21.7% against 13.0% with three
-  stages, text 9.0% against 16.8% (docs/benchmarks.md). The plain minimum of the three is the
-  ideal overlap, what the bound and the worker range are built from; without ``persistent_workers``
-  each epoch also starts every worker again;
-* a step runs at its own measured rate; a multi-threaded one's extra CPU per sample counts
-  against the cores in the CPU stage. Where busy workers and step threads outnumber the cores
-  and both hold a material share of them (:attr:`Prediction.contended`), the step pays
-  for the crowd: a multi-threaded step :data:`THREAD_STALL_S` per batch, a one-thread step with
-  its workers only :data:`ONE_THREAD_SHARE` of the cores. (A fixed 0.69 of the one-thread rate
-  for step threads beyond the cores the workers leave free, from one image measurement, had
-  raised the error; the two terms, fitted on 15 image grids, lower image's mean median error
-  from 19.5% to 12.5% and put the grid's top at a median rank 7 instead of 37.)
+  + step_cpu(t, b)) <= c``, with the CPU a real DataLoader spends per sample where it exceeds
+  the parts timed one by one;
+* the prediction is the smooth minimum ``(producer**-k + main**-k) ** (-1/k)`` with ``k`` =
+  :data:`OVERLAP_POWER` and ``main = min(consumer, cpu)`` (the cores are a limit both sides
+  share, not a third stage), because the stages never overlap perfectly; their plain minimum is
+  the ideal overlap, from which the bound and the worker range are built;
+* where busy workers and step threads outnumber the cores (:attr:`Prediction.contended`), the
+  step pays :data:`THREAD_STALL_S` per batch when multi-threaded, or runs with its workers on
+  :data:`ONE_THREAD_SHARE` of the cores with one thread.
 
-Each setting is predicted from its own knobs' costs (:meth:`PipelineProfile.for_knobs`): on
-image, ``collate=uint8`` profiled at 0.03-0.06 ms of collate per sample against 0.10-0.53 ms
-for float, and a quarter of its bytes, which a model of the base knobs alone could not see
-(its predictions came out in identical pairs for the two values).
-
-With ``num_workers=0`` everything is serial in the main process. ``prefetch_factor`` does not
-change the steady rate here; it only costs memory (:func:`memory_max_workers`). The bound is the
-best ideal rate with as many workers as memory allows: no setting of this machine does better,
-as far as the profile is right (a profile measured while the machine ran slow puts it lower:
-the image optimum measured 123% of its bound on 2026-12-04).
+Each setting is predicted from its own knobs' costs (:meth:`PipelineProfile.for_knobs`). With
+``num_workers=0`` everything is serial in the main process; without ``persistent_workers`` each
+epoch starts every worker again; ``prefetch_factor`` costs memory only
+(:func:`memory_max_workers`). The bound is the best ideal rate with as many workers as memory
+allows: no setting of this machine does better, as far as the profile is right. docs/design.md
+describes the model and what its constants rest on.
 """
 
 from __future__ import annotations
@@ -72,35 +54,27 @@ __all__ = [
 ]
 
 OVERLAP_POWER = 2.0
-"""The smooth minimum's power. On the stored grids whose profiles hold what the model reads
-(``python -m bench.overlap_fit``, docs/benchmarks.md 2026-12-05: image and storage of
-``c5208cf``, text of ``4ef38bc`` and ``6a02a53``, whose ceilings step the epoch's batches), the
-mean median error is 8.9% at 2, 8.7% at 1.5 and 9.9% at 3 (storage 1.8% at 2, 3.0% at 1.5);
-with the cores as a third stage it was 12.0% at 2, text's grids 16.2% and 20.3%. 2 was chosen
-on the ``search-*-2026-12-04`` grids with three stages (15.2% against 17.0% at 1.5 and 16.4%
-at 3), and kept."""
+"""The smooth minimum's power: how far the producer and the consumer fall short of perfect
+overlap. 2 gives a median error within a point of the best power on the stored ``bench.search``
+grids (``python -m bench.overlap_fit``)."""
 
 CROWD_SHARE = 0.2
 """The share of the cores the step, and the workers, must each hold before crowding costs the
-step (:attr:`Prediction.contended`; workers that cost next to nothing crowd nothing):
-the storage workload's small MLP step held 4-8% of them on the stored grids, and its settings
-came out within 1.8% median error without the crowd's terms (the one-thread share applied to
-its hundred-odd waiting workers cost 35 of 300 replayed storage runs); image's step held
-28-58%."""
+step (:attr:`Prediction.contended`): workers that mostly wait on storage, or a small step beside
+them, crowd nothing, and the model predicts them well without the crowd's terms."""
 
 THREAD_STALL_S = 0.012
 """What a multi-threaded step loses per batch when crowded: each parallel region waits for its
-slowest thread, and one descheduled by a busy worker comes back a time slice later. On the 15
-stored image grids (2 cores), settings with workers and a two-thread step measured a median
-0.65-0.72 of the model at batch 16-32 and 0.95-1.00 at 64-512: a fixed cost per batch, not per
-sample. 12 ms is the fit (``python -m bench.overlap_fit``, docs/benchmarks.md 2026-12-06 11:26),
-about the scheduler's period on 2 CPUs (CFS's ``sched_latency`` is 6 ms x (1 + log2 CPUs))."""
+slowest thread, and one descheduled by a busy worker comes back a time slice later: a fixed
+cost per batch, not per sample. 12 ms is the fit on the stored image grids
+(``python -m bench.overlap_fit``), about the scheduler's period on 2 CPUs (CFS's
+``sched_latency`` is 6 ms x (1 + log2 CPUs))."""
 
 ONE_THREAD_SHARE = 0.8
 """The share of the cores a crowded one-thread step and its workers get to use: the step cannot
-take the second core while workers wait on a full queue, nor keep its own while they decode. On
-the stored image grids settings with 2-4 workers and a one-thread step measured a median
-0.75-0.87 of the model at every batch, one worker 0.97-1.16 (not crowded)."""
+take the second core while workers wait on a full queue, nor keep its own while they decode.
+Fitted on the stored image grids, where crowded one-thread settings measured 0.75-0.87 of the
+uncrowded model."""
 
 HARD_MAX_WORKERS = MAX_WORKERS
 """No space goes beyond this many workers, whatever the model says (process-table sanity)."""
@@ -327,19 +301,19 @@ def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettin
 
 
 def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str, LoaderSettings]]:
-    """What the model strategy measures first, each with why: its predicted best
-    (``predicted-best``) and, where that one's step is crowded (:attr:`Prediction.contended`),
-    the best setting whose busy workers and step threads fit within the cores
-    (``within-cores``; with at least one worker, so the loader leaves the main process).
+    """What the model strategy measures first, each with why.
 
     The crowd's costs are fitted constants, the rest of the model is measured, so where the
-    predicted best pays them the setting that pays none is the other answer worth a trial. On 2
-    cores the image optimum re-measured ran one worker and one step thread in three of the
-    nine grids of 2026-12-06 (``08e3a21`` run 2, ``8093ed3``, ``be3ccbc``), and no study
-    measured it in any of the three; the picks read 81-92% of it. ``bench.replay``
-    cannot tell the seed's worth (it grades single windows, where the crowded settings read
-    5-13% above their re-measured medians): 139 runs within 95% of the top with it against
-    141 without, of 300 on 15 stored image grids (docs/benchmarks.md, 2026-12-06 11:26).
+    predicted best pays them, the setting that pays none is the other answer worth a trial.
+
+    Args:
+        profile: the study's pipeline profile.
+        space: the search space the seeds must lie in.
+
+    Returns:
+        ``("predicted-best", setting)`` first, then, where that setting's step is crowded
+        (:attr:`Prediction.contended`), ``("within-cores", setting)``: the best setting whose
+        busy workers and step threads fit within the cores, with at least one worker.
     """
     best = predicted_best(profile, space)
     seeds = [("predicted-best", best)]
@@ -375,13 +349,17 @@ def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes:
 
     A CPU-bound fetch needs about the cores; one that waits on storage needs the cores over
     its CPU share, which can be many times more. The floor of twice the cores is for the
-    CPU-bound case. There the ideal rate says one or two workers are enough. The measured
-    image optima of the stored grids sat at 1, 2 and 4 workers on 2 cores; on 2026-12-06
-    the grid's top three were all at 4. More workers than cores keep batches queued while
-    one is descheduled. ``bench.replay`` over the 30 stored grids (20 seeds, 10 trials,
-    10% noise) counted runs within 95% of the grid's best. The three image grids whose
-    range was 2 went from 0, 0 and 2 runs to 7, 0 and 10 of 20 each. Text's ten grids went
-    from 151 to 144 of 200 runs, with -0.2 to +1.3 trials a run. Storage was unchanged.
+    CPU-bound case, where the ideal rate says one or two workers are enough but measured optima
+    sit up to twice the cores: more workers than cores keep batches queued while one is
+    descheduled.
+
+    Args:
+        profile: the study's pipeline profile.
+        space: the search space; its own ``max_workers`` is ignored.
+        host_limit_bytes: the guard's host limit, or None for no memory bound.
+
+    Returns:
+        The largest ``num_workers`` to search, at least 1.
     """
     wide = dataclasses.replace(space, max_workers=HARD_MAX_WORKERS)
     best = predicted_best(profile, wide)

@@ -40,19 +40,20 @@ __all__ = [
 ]
 
 RACE_MARGIN = 0.15
-"""Candidates whose median is within this share of the leader's race on. One window's spread on
-2 busy cores reaches 10-15% on image (2026-12-05: a setting read 1,542 samples/s over two
-rounds and 1,800 over eight; the baseline it lost to, 1,696 over two, read 0.847 of it in
-five side-by-side rounds)."""
+"""Candidates whose median is within this share of the leader's race on: one window's spread on
+2 busy cores reaches 10-15% on the image workload, so a smaller gap may be noise."""
 
 
 def race_rounds(rounds: int) -> int:
     """The race's rounds after ``rounds`` fresh ones: half as many, at least one.
 
-    ``bench.replay`` over the twelve stored grids of ``--sampler model`` (40 seeds each, 10%
-    noise, 10 trials; 2026-12-05): one race round after two put 269 of 480 studies' picks
-    within 95% of the grid's best, two rounds 270, with 25 extra measurements per 40 studies
-    instead of 50 (each a trial's window and start).
+    Half picks as well as as many again in ``bench.replay``, at half the extra measurements.
+
+    Args:
+        rounds: the fresh rounds each candidate was measured.
+
+    Returns:
+        The race's further rounds.
     """
     return max(1, rounds // 2)
 
@@ -79,14 +80,15 @@ def final_candidates(study: optuna.Study, top: int) -> list[FrozenTrial]:
 def pick_best(runs: dict[int, list[float]]) -> int:
     """The candidate with the highest median (ties: the faster slowest round).
 
-    The slowest round used to decide, so that a setting quick only while the machine is quiet
-    (2 intra-op threads on 2 busy cores: rounds of 63, 312 and 784 samples/s) would not win;
-    its median is low too. On a machine whose speed dips for a round at a time, one dip decided
-    instead: on 2026-12-06 an image study picked a setting re-measured at a median of 1,471
-    samples/s over one at 1,834, and the pick read 80.3% of the optimum in nine judging
-    rounds (docs/benchmarks.md). ``bench.replay`` over the stored grids (20 seeds, 10 trials,
-    10% noise) counted runs within 95% of the top: image 110 -> 118 of 240, text 189 -> 206
-    and storage 139 -> 151 of 260 with the median.
+    The median, not the slowest round, decides: a setting quick only while the machine is quiet
+    has a low median too, while on a machine whose speed dips for a round at a time the slowest
+    round would let one dip decide.
+
+    Args:
+        runs: each candidate's trial number to its rounds' samples/sec (none empty).
+
+    Returns:
+        The trial number of the pick.
     """
     return max(runs, key=lambda n: (statistics.median(runs[n]), min(runs[n])))
 

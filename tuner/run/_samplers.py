@@ -92,9 +92,7 @@ class UnstuckGPSampler(optuna.samplers.BaseSampler):
     each of its last 8 trials. TPE counts pruned trials and the memory constraint, so its
     trial goes elsewhere; the Gaussian process proposes again on the next one. A measured
     setting proposed again is answered from its twin: a trial spent on no new number, and the
-    Gaussian process, seeing that number once more, proposes it again (image at 426 MiB,
-    2026-12-05: ``w0 b64 t2 uint8`` on 4 of 20 trials, and the study never tried the settings
-    with workers that read 15% faster).
+    Gaussian process, seeing that number once more, proposes it again.
     """
 
     def __init__(self, gp: optuna.samplers.GPSampler, tpe: optuna.samplers.TPESampler) -> None:

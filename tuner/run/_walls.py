@@ -143,13 +143,8 @@ def calibrated_prior(
     """``prior`` times measured/predicted at the complete trial nearest ``settings``.
 
     The prior's main process and step come from the ceiling's high-water marks, which hold the
-    largest RSS its process ever reached, shared pages whole, while a trial's peak was its
-    sampled PSS: on image the ceiling's peaks rose 1.1 MiB per sample from batch 8 to 64 against
-    the trials' 0.6, and uncorrected the prior pruned 23 settings that held under 90% of the
-    limit in 12 studies (docs/benchmarks.md, 2026-12-04). Much of that gap was the trials'
-    readings missing the step's transient peak: since a trial adds its own high-water mark as
-    the ceiling does, measured/prior at the complete trials of two studies came to 0.84-1.01 on
-    image and 0.69-1.05 on text (docs/benchmarks.md, 2026-12-05). Its figures are one line, so
+    largest RSS its process ever reached, shared pages whole, while a trial's peak is its PSS:
+    uncorrected, the prior runs high and prunes settings that fit. Its figures are one line, so
     scaling them scales the prediction. Observations of other knob values are predicted with
     ``settings``' knobs; the distance counts a knob apart, so the same knobs' trials come first.
     """

@@ -4,45 +4,20 @@
            + [workers are forked again each epoch] x batch x refork
 
 where the batches in flight are ``num_workers x prefetch_factor`` (each worker's prefetched
-batches, in shared memory), twice that with ``pin_memory`` (each has a page-locked copy). The
-figures (:class:`MemoryFigures`) are the main process with its model, each worker's own memory,
-the step's memory per sample of its batch (the batch and the activations), and one prefetched
-sample; :func:`fit_memory_figures` fits them to the peaks the study's trials measured, pooling
-trials of every knob value: the main process, a worker and the step cost the same whatever the
-knobs, a prefetched sample's bytes are the knobs' own (a uint8 collate holds a quarter of a
-float one), so a study has figures after a handful of trials, not a handful per knob value.
+batches, in shared memory), twice that with ``pin_memory`` (each has a page-locked copy), counted
+no deeper than the deepest queue measured (``max_in_flight``): a queue fills only where the step
+is slower than the workers, and the guard sees it fill batch by batch. Workers and batch size
+are extrapolated: workers forking and a first large batch cross a limit faster than the guard
+reads.
 
-Batches in flight are counted up to the deepest queue among the settings measured
-(``max_in_flight``), no further: a queue fills only where the step is slower than the workers,
-which a producer-bound pipeline never is, and a queue filling is seen by the guard batch by
-batch. Extrapolating the queue put settings holding 84-87% of the limit above it (image, 1
-worker, prefetch 5-8). Workers and batch size are extrapolated: workers forking and a first
-large batch cross a limit faster than the guard reads.
-
-Workers that are not persistent are forked again at every epoch's start, from a main process
-whose heap now holds the step's batch and activations; as the main process writes that heap
-again, its pages are copied, and the workers keep the old ones between them: one copy however
-many workers share it. Measured here with windows that cross an epoch's start (one thread,
-prefetch 2 unless said), persistent against not (``bench.peaks``, 2026-12-05):
-
-    text, 8,192 tokens:         1 worker +351 MiB, 2 workers +270, 3 workers +262
-    image, batch 256, float:    1 worker +32 MiB,  2 workers +31,  4 workers +9
-    image, batch 128, uint8:    2 workers (prefetch 5) +62 MiB,    4 workers +13
-
-(counted once per worker, the model put image's two workers at batch 128, prefetch 5, at 652
-MiB queue full, and pruned them unrun under 479 MiB; their real peak was 420). The share of the
-step's memory copied depends on the workload's allocations (about all of it on text, a tenth
-on image): it is fitted (``refork``, per sample of the batch) to the trials of such workers
-whose windows crossed an epoch's start, and taken as the whole step's memory (an upper bound)
-until one has. A trial whose window did not cross one is not fitted
-(:attr:`~tuner.search.LoaderSettings.reforks_workers`): it starts a second epoch after its
-window (:mod:`tuner.trial._measure`), which reads only 50-79% of the copies on text, since they
-grow with how long the main process ran before the fork. Fitted, that under-read let text's
-non-persistent settings run at 1 worker and 8,192 tokens under a 725 MiB limit, and the guard's
-first reading past 98% of it was already 740 and 773 MiB (2026-12-05). Counted at the bound,
-copies also stop a setting unrun (:func:`predicted_peak_bytes` with the queue empty): they can
-form faster than the guard reads, as the workers' first batches do. Pure functions, no machine
-access.
+:func:`fit_memory_figures` fits the figures (:class:`MemoryFigures`) to the peaks the study's
+trials measured, pooling every knob value: the main process, a worker and the step cost the same
+whatever the knobs, and a prefetched sample's bytes are the knobs' own. ``refork`` is the copy of
+the step's memory that workers forked again at an epoch's start keep between them (one copy
+however many workers): it is fitted only to trials whose window crossed an epoch's start
+(:attr:`~tuner.search.LoaderSettings.reforks_workers`), and taken as the whole step's memory (an
+upper bound) until one has. Pure functions, no machine access; docs/design.md describes the
+model and its figures.
 """
 
 from __future__ import annotations
@@ -66,12 +41,10 @@ __all__ = [
 
 OVER_LIMIT_FRACTION = 1.05
 """The model's peak at this share of a limit or above says a setting does not fit; nearer, the
-model's error decides. It prunes a setting unrun (:mod:`tuner.run._walls`; replayed over 12
-studies of ``bench.guard_precision``, docs/benchmarks.md 2026-12-04: at 1.0, 3 of 20 such
-prunes held under 90% of the limit, at 1.05 none, and 16 of the 17 that did not fit were still
-caught) and lets the guard stop a trial rising near the limit (:mod:`tuner.trial._guard`;
-image's ``w4 b128 pf8 persist uint8``, model 437-449 MiB, fit under 430 MiB and was stopped at
-388-399 MiB at 1.0; ``w2 b256 pf6 persist uint8``, model 465 MiB, crossed 432)."""
+model's error decides. It prunes a setting unrun (:mod:`tuner.run._walls`) and lets the guard
+stop a trial rising near the limit (:mod:`tuner.trial._guard`). 5% is above the model's usual
+error, so a setting that fits is rarely pruned, while nearly every setting that does not fit is
+still caught (``bench.memory_replay``)."""
 
 SPARE_OBSERVATIONS = 1
 """Observations beyond the figures fitted: as many as figures would fit anything exactly."""

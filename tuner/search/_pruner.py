@@ -4,8 +4,8 @@ A trial reports its samples/sec so far every half second of its window. Throughp
 that settles within a window, so a setting running at 70% of the best after half a second will
 not end within the 5% that matters. Percentile pruners judge a trial against the typical
 earlier trial instead; on a flat landscape, where most settings are within the noise of each
-other, that stopped the eventual optimum on an unlucky half second and saved little (measured:
-4-11% of trial time, ``docs/benchmarks-2026-12-02.md``).
+other, that stopped the eventual optimum on an unlucky half second and saved little trial
+time.
 """
 
 from __future__ import annotations

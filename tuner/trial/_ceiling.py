@@ -8,13 +8,11 @@ it but not reach it on a GPU. The study side (when to measure it, when a best is
 :mod:`tuner.run._ceiling`.
 
 Where a batch sampler packs batches of differing samples (a token budget), one batch is no
-epoch's rate: text's first batch (seed 0) holds 4, 40 and 14 samples at 1,024, 2,048 and 4,096
-tokens where the epoch's mean is 9, 19 and 38, and a stored text profile's ceiling read 2,427
-samples/s at 2,048 tokens against 932 at 1,024 and 590 at 4,096 (``c5208cf``, docs/data).
-There the step warms up on the batch nearest the epoch's mean, then turns through up to
+epoch's rate (text's first batch can hold a fifth or twice the epoch's mean samples). There the
+step warms up on the batch nearest the epoch's mean, then turns through up to
 :data:`ROTATED_BATCHES` of the epoch's batches (:func:`strata`), as many as the window holds
-steps, in whole turns: turning through 8 whatever the window made a text study's set-up (probe,
-ceiling, profile) take 96 s, its large batches' steps taking over a second each.
+steps, in whole turns, so a window of slow large-batch steps is not stretched to hold all of
+them.
 """
 
 from __future__ import annotations

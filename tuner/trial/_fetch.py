@@ -3,8 +3,8 @@ fetches and collates them, and in parallel where the samples wait on storage.
 
 The ceiling steps a prepared batch of every size (8 to 512 samples on the built-in workloads):
 about a thousand samples fetched one after another before its steps. Where each waits on
-storage (the storage workload's 8 ms) that is 8 s of waiting, and the storage study's ceiling
-took 14.9 s (8.2 s fetched in parallel; docs/benchmarks.md, 2026-12-05). A sample whose fetch
+storage (the storage workload's 8 ms) that is 8 s of waiting before the ceiling measures
+anything. A sample whose fetch
 spends most of its time waiting is therefore fetched by up to
 :data:`MAX_FETCH_WORKERS` DataLoader worker processes, one sample at a time and in order, then
 collated in this process as the loader would: the same samples, the same batches. A fetch that

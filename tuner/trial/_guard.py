@@ -6,41 +6,20 @@ start, then :meth:`MemoryGuard.sample` from the supervisor's loop every
 supervisor owns the trial's process group and kills it on a :class:`Breach`),
 :meth:`MemoryGuard.stop` at its end.
 
-How often. Every ``interval_s`` (0.2 s), but every :data:`FAST_INTERVAL_S` while the tree is
-within 15% of its limit and its RSS still moves: a batch building there can cross the last 15%
-between two 0.2 s readings, and a tree at rest near its limit costs an exact reading per tick, so
-it is not read faster. Workers forking cross faster still (80 MiB within 20 ms measured on the
-image workload): no interval catches that; the memory model's prune of settings it puts over the
-limit (:mod:`tuner.run._walls`) does.
+A reading within 2% of its limit (:data:`APPROACH_FRACTION`) is a breach with ``predicted``
+False: the setting did not fit, and only such breaches build the study's memory walls. Before
+that, a breach is predicted from growth, projected over the next two samples plus the time a
+kill takes, but only on evidence that the growth lasts: an exact reading within 10% of the limit
+(:data:`CONFIRM_FRACTION`), or growth at every exact reading for :data:`SUSTAINED_S` within one
+unchanged process tree. Growth towards the peak the trial is expected to reach
+(``expected_bytes`` at :meth:`MemoryGuard.start`), where that peak fits, is not projected: the
+start-up ramp (workers forking, their first batches) stops by itself.
 
-When it stops a trial. A reading within 2% of its limit is a breach (``predicted`` False: the
-setting did not fit, and the study's memory wall is built from such breaches only). Before that,
-a breach is predicted from growth, the reading projected over the next two samples plus the
-time a kill takes, but only on evidence that the growth lasts: an exact reading already within
-10% of the limit (there, a rising reading alone is a breach where the memory model puts the
-trial's peak 5% past the limit), or growth at every exact reading for 0.6 s within one unchanged
-process tree, projected at the slowest of its last three intervals, or, where those three
-intervals each grew more slowly than the one before (a first large batch nearly built), by the
-shrinking increments they continue, which stop at an asymptote. The startup ramp (workers
-forking, their first pages and batches) grows fast and stops by itself; extrapolating it pruned
-settings at half their limit. Growth towards the peak the trial is expected to reach
-(``expected_bytes`` at :meth:`MemoryGuard.start`: the memory model's prediction, or the peak a
-re-measured setting already recorded), where that fits the limit, is that ramp too: it is
-projected only past that peak (a leak goes on past it), or from the confirming reading near the
-limit. Image's ``w0 b256`` decoding its first batch grew for over 0.6 s and was stopped on a
-projection at 77% of its limit, with a real peak of 338 MiB under 439 (docs/benchmarks.md,
-2026-12-05).
-
-What it reads, and what that costs. ``host`` is the trial's process tree by PSS (pages shared
-after fork counted once), exact but milliseconds per process, so it is read only when it can
-matter: when the tree changes, when its RSS (microseconds, from ``statm`` kept open) has moved
-by 2% of the limit since the last exact reading, when the estimate (the last PSS plus the RSS
-growth since) nears the limit, and at the latest every 5 s (every second where the tree's RSS is
-itself near the limit: PSS can grow without RSS moving, by copy-on-write of shared pages, but
-never above RSS; those two no more often than keeps them to a tenth of a core, which stretches
-them only for trees of a hundred processes or more). Decisions on the tree use exact readings
-only. The machine's own headroom (MemAvailable), the cgroup's usage and PSI are read from files
-kept open.
+``host`` is the trial's process tree by PSS (pages shared after fork counted once), exact but
+milliseconds per process, so it is read only when it can matter: when the tree changes, when
+its RSS has moved by :data:`RSS_MOVE_FRACTION` of the limit, when the estimate in between nears
+the limit, and at the latest every :data:`EXACT_EVERY_S`. Decisions on the tree use exact
+readings only. docs/design.md describes the guard in full.
 
 Limits:
 
@@ -101,12 +80,9 @@ EXACT_EVERY_NEAR_S = 1.0
 
 EXACT_CPU_SHARE = 0.1
 """...but no more often than keeps those timed readings to this share of a core: an exact reading
-costs 1.5 ms per process, 0.3 s for a tree of 192 storage workers, whose summed RSS (each worker
-counting the pages it shares) sat above the near mark, so one came every second: a third of a
-core taken from the trial measured. A changed tree, moved RSS or an estimate near the limit
-still call for one at once. (2026-12-05, storage at 256 workers, two runs each: 2,366-3,189
-samples/s with the guard as it was, 3,876-4,381 with it reading no process at all; this rule
-alone, five runs each: medians 3,915 against 3,721, within the runs' spread.)"""
+costs about 1.5 ms per process, so for a tree of hundreds of workers a reading every second
+would take a third of a core from the trial measured. A changed tree, moved RSS or an estimate
+near the limit still call for one at once."""
 
 MACHINE_RESERVE_FRACTION = 0.03
 """Whatever the budget, keep this share of the machine's memory available to everyone else."""
@@ -473,7 +449,7 @@ class MemoryGuard:
             return Breach(kind, value, limit, predicted=True)
         # ...and where the model puts the peak past the limit, rising there confirms it: a queue
         # filling or a large batch's step transient can cross the last 10% between readings
-        # (image's w2 b256 pf6, model 465 MiB, read 453 under 432, 2026-12-05).
+        # (the queue and the step's transient are not in every reading).
         past = expected is not None and expected >= OVER_LIMIT_FRACTION * limit
         if near and past and series.rate_per_s() > 0:
             return Breach(kind, value, limit, predicted=True)

@@ -45,12 +45,10 @@ REFORK_STEPS = 2
 """Steps run after workers that are not persistent are forked again for a new epoch, for the
 peak: the workers fork from a main process whose heap holds the step's batch and activations,
 and keep the old pages as the next steps write them again. The window's rate is not changed.
-It reads part of the copies: on text (8,192 tokens, 1 worker, 2026-12-05) the copies were
-229-363 MiB this way against 369-457 over a window crossing the epoch's end (50-79%); 8 steps
-instead of 2 read about the same, a fork right after the heaviest batch fewer (95-133 MiB):
-they grow with how long the main process ran before the fork. So such a setting's recorded
-peak is under what training's later epochs reach, though nearer than with no new epoch, and the
-memory model does not fit its copies from it (:mod:`tuner.search._memory_model`)."""
+It reads only part of the copies (about half to four fifths on the text workload; more steps
+read no more), since they grow with how long the main process ran before the fork. So such a
+setting's recorded peak is under what training's later epochs reach, and the memory model does
+not fit its copies from it (:mod:`tuner.search._memory_model`)."""
 
 ProgressCallback = Callable[[float, float, float], None]
 """``progress(elapsed_s, samples_per_sec_so_far, data_wait_fraction_so_far)`` in the window."""
@@ -288,10 +286,8 @@ def _run_window(
     whole epochs: the window runs on to the next epoch's start (at most ``window_s`` more)
     and counts from its first epoch start to its last. A time window over short epochs holds
     one or two epoch starts by chance, each a pause while the new iterator's workers fetch
-    their first batches (a 1.5 s window on storage ran to 2.09 s, its last step waiting on
-    one). Five interleaved rounds each, in-process, 2026-12-06: storage ``w128 b32`` spread
-    25% of its median in 1.5 s windows and 12% over whole epochs, ``w96 b64`` 27% and 6%;
-    image (4 and 8 batches an epoch, its noise the two cores' contention) 18-40% either way.
+    their first batches; over whole epochs the storage workload's rounds spread about half as
+    much.
     """
     stream = loop.stream
     stream.wait_s, epochs_before = 0.0, stream.epochs

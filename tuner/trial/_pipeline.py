@@ -194,10 +194,9 @@ def _loader_cpu_s(
 def _cpu_s(process: psutil.Process) -> float:
     """CPU seconds of ``process``, all its threads, to the nanosecond where schedstat is there.
 
-    ``cpu_times`` counts clock ticks (10 ms here). A storage workload's two workers spend 30-50
-    ms of CPU on the profile's 256 samples, so its per-sample cost came in steps of 0.039 ms:
-    0.117 and 0.195 ms in two profiles of 2026-12-06, a third of the first. Live threads
-    only: one that ends between two readings takes its CPU with it (a loader worker runs one).
+    ``cpu_times`` counts clock ticks (often 10 ms), too coarse for workers that spend tens of
+    milliseconds of CPU on the whole profile. Live threads only: one that ends between two
+    readings takes its CPU with it (a loader worker runs one).
     """
     try:
         tasks = os.listdir(f"/proc/{process.pid}/task")
