@@ -1,7 +1,7 @@
 """The pipeline model's fitted constants against measured grids: which values predict them best.
 
-    python -m bench.overlap_fit docs/data/search-image-model-2026-12-04.json \
-        docs/data/search-text-model-2026-12-04.json ...
+    python -m bench.overlap_fit docs/data/search-image-model-ed08bbb-2026-12-06.json \
+        docs/data/search-text-model-1995b97-2026-12-06.json ...
 
 Each file is a ``bench.search`` result holding its grid and the study's pipeline profile. For
 each power, every grid setting is predicted from that profile

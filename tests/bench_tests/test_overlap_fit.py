@@ -1,4 +1,4 @@
-"""bench.overlap_fit on a stored bench.search result (docs/data): arithmetic only."""
+"""bench.overlap_fit on a stored bench.search result (data/): arithmetic only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.overlap_fit import grid_errors, main
 from tuner.pipeline import _model
 
-RESULT = Path(__file__).parents[2] / "docs/data/search-storage-2026-12-04.json"
+RESULT = Path(__file__).parent / "data/search-storage-2026-12-04.json"
 
 
 def test_each_value_is_tried_and_the_models_own_are_put_back() -> None:

@@ -1,4 +1,4 @@
-"""bench.search's tables from a stored result (docs/data): the judge's figures, no measuring."""
+"""bench.search's tables from a stored result (data/): the judge's figures, no measuring."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from bench.search import main
 
-DATA = Path(__file__).parents[2] / "docs/data"
+DATA = Path(__file__).parent / "data"
 
 
 def test_the_model_table_judges_the_models_predicted_best(
