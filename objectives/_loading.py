@@ -42,7 +42,24 @@ def load_workload(spec: str, options: Mapping[str, Any] | None = None) -> Worklo
     """The workload named by ``spec``; ``options`` are keyword arguments of a built-in factory.
 
     String values for integer options are parsed, so ``key=value`` pairs from a command line
-    can be passed as they are.
+    can be passed as they are. A module or file spec is imported and run: it is code.
+
+    Args:
+        spec: a built-in name (``image``, ``text``, ``storage``), ``package.module:attr`` or
+            ``path/to/file.py:attr``; the attribute is a :class:`Workload`, a DataLoader,
+            ``(DataLoader, step)``, or a function of no arguments returning one of those.
+        options: keyword arguments of the built-in workload's factory; None for none.
+
+    Returns:
+        The workload.
+
+    Raises:
+        WorkloadError: the spec names nothing loadable, or options are given for a
+            non-built-in workload or are unknown to its factory (a one-line message).
+
+    Example:
+        >>> load_workload("storage", {"samples": "64"}).name
+        'storage'
     """
     options = dict(options or {})
     if spec in BUILTIN_WORKLOADS:

@@ -224,6 +224,21 @@ def parse_size(text: str, total_bytes: int | None = None) -> int:
     K/M/G/T are binary (1G == 1GiB == 2**30) with or without ``i``/``B``, in any case. A
     unitless number with a decimal point, or a percent, is a share of ``total_bytes``; a
     unitless integer is a byte count.
+
+    Args:
+        text: the size as written.
+        total_bytes: what a share is of; None refuses shares.
+
+    Returns:
+        The size in bytes, at least 1.
+
+    Raises:
+        ValueError: not a size, an unknown unit, a share above 100% or without a total, or
+            less than one byte (a one-line message).
+
+    Example:
+        >>> parse_size("1.5GiB"), parse_size("50%", 2**30)
+        (1610612736, 536870912)
     """
     match = _SIZE_PATTERN.match(text)
     if match is None:

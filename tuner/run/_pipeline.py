@@ -70,8 +70,8 @@ CORRECTED_ATTR = "corrected_samples_per_sec"
 
 BOUND_STOP_FRACTION = 0.95
 """A re-measured best within 5% of the bound ends the study: the model says nothing is left,
-once the worker steps either side of it are measured (a bound from a noisy profile can sit
-under what the machine delivers: 5,571 samples/s against a 7,080 optimum in one run)."""
+once the worker steps either side of it are measured (a bound from a profile measured while the
+machine ran slow can sit under what the machine delivers)."""
 
 PROFILE_BUDGET_S = 1.0
 

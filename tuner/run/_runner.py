@@ -89,8 +89,8 @@ def _answer_from_storage(
     before any prediction), beyond a memory wall, or over the limit by the memory model. A
     ``baseline`` is measured again rather than repeated (the speedups are over its own
     measurement), but not run past the memory limit: the user's own setting that does not fit
-    is reported so, as any other (run anyway, image's two workers at batch 32 read 366 MiB
-    under a 314 MiB limit: they forked between two of the guard's readings)."""
+    is reported so, as any other (run anyway, workers forking can cross the limit between two
+    of the guard's readings)."""
     twin = None if baseline else measured_twin(trials, settings)
     if twin is None:
         if walls.dominated_by is not None:

@@ -87,9 +87,8 @@ class UnstuckGPSampler(optuna.samplers.BaseSampler):
     (:func:`repeats_a_measurement`). That trial is TPE's.
 
     The Gaussian process learns from complete trials only, so a setting pruned without running
-    changes nothing it sees and it proposes the same setting again: in one study of
-    ``bench.guard_precision`` (image, 514 MiB) it proposed one the guard had stopped twice on
-    each of its last 8 trials. TPE counts pruned trials and the memory constraint, so its
+    changes nothing it sees and it proposes the same setting again, trial after trial. TPE
+    counts pruned trials and the memory constraint, so its
     trial goes elsewhere; the Gaussian process proposes again on the next one. A measured
     setting proposed again is answered from its twin: a trial spent on no new number, and the
     Gaussian process, seeing that number once more, proposes it again.

@@ -14,9 +14,9 @@ worker's first batch, none prefetched) the model puts 5% over the limit or more 
 ``memory_model`` without running. The guard would stop it anyway once it came within 2% of the
 limit, but workers forking and their first batches can cross the limit between two readings. A
 queue fills a batch at a time, and only where the step is the slower side, so the guard sees it
-coming; counted full, it pruned image's 2 workers, batch 64, prefetch 5, float at a predicted
-521 MiB whose real peak was 304. The margin against a model that overestimates: a setting
-pruned so really holding under 90% of the limit (a false alarm) takes an error over 15%.
+coming, and counted full it would prune settings that fit. The margin against a model that
+overestimates: a setting pruned so really holding under 90% of the limit (a false alarm) takes
+an error over 15%.
 Such a prune makes no wall either.
 """
 
@@ -62,7 +62,7 @@ RETEST_ATTR = "retest_of_wall"
 MODEL_RETEST_ATTR = "retest_of_memory_model"
 """Trial user attr: the earlier trial of this setting the memory model pruned unrun; proposed
 again, the setting runs once under the guard (the sampler learns nothing from a trial that did
-not run, and proposed one setting the model wrongly put over the limit 6 and 11 times)."""
+not run, so it would propose a setting the model wrongly put over the limit again and again)."""
 
 RETEST_BELOW_FRACTION = 0.9
 """The model must put a dominated setting this far below the limit to re-test its wall."""

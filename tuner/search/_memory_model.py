@@ -91,10 +91,20 @@ def _in_flight(settings: LoaderSettings) -> float:
 def predicted_peak_bytes(
     settings: LoaderSettings, figures: MemoryFigures, queue_full: bool = True
 ) -> int:
-    """The model's peak of the trial's process tree (PSS) for ``settings``; with ``queue_full``
-    False, what forms before the guard's next readings: each worker's first batch, none queued
-    (the queue fills batch by batch, and only where the step is slower than the workers).
-    Workers that are not persistent count from the second epoch on, with their copies."""
+    """The model's peak of the trial's process tree (PSS) for ``settings``.
+
+    Workers that are not persistent count from the second epoch on, with their copies.
+
+    Args:
+        settings: the setting to predict.
+        figures: the workload's memory figures on this machine.
+        queue_full: False predicts what forms before the guard's next readings: each worker's
+            first batch, none queued (the queue fills batch by batch, and only where the step
+            is slower than the workers).
+
+    Returns:
+        The predicted peak in bytes.
+    """
     step = figures.step_bytes_per_sample
     step += settings.reforks_workers * figures.refork_bytes_per_sample
     queued = _in_flight(settings) if queue_full else float(settings.num_workers)
@@ -109,10 +119,19 @@ def predicted_peak_bytes(
 def prior_figures(
     step_peaks: Mapping[int, float], worker_bytes: float, sample_bytes: float, in_flight: float
 ) -> MemoryFigures | None:
-    """Figures measured before any trial: the main process and the step from the peaks of the
-    main process alone per batch value (a line through them), a worker's and a sample's bytes
-    as given, the queue no deeper than ``in_flight`` batches (what was measured). None with
-    fewer than two batch values, or a line that says the step or the main process is free."""
+    """Figures measured before any trial: the main process and the step from a line through the
+    main process's peaks per batch value.
+
+    Args:
+        step_peaks: the main process's peak bytes, stepping alone, per batch value.
+        worker_bytes: one worker's own memory (bytes).
+        sample_bytes: one prefetched sample's bytes.
+        in_flight: the deepest queue measured, in batches; the model counts no deeper.
+
+    Returns:
+        The figures, or None with fewer than two batch values, or where the line says the step
+        or the main process costs nothing.
+    """
     if len(step_peaks) < 2 or worker_bytes <= 0 or sample_bytes <= 0:
         return None
     batches = np.array(sorted(step_peaks), dtype=float)
@@ -131,17 +150,24 @@ def fit_memory_figures(
     observations: Sequence[tuple[LoaderSettings, float]],
     knobs: Mapping[str, Any] | None = None,
 ) -> MemoryFigures | None:
-    """Least-squares figures from measured ``(settings, peak bytes)``, or None without enough.
+    """Least-squares figures from measured ``(settings, peak bytes)``.
 
-    With ``knobs``, the observations may hold any knob values: one main, worker and step
-    figure are fitted to all, a prefetched-sample figure to each knob value, and the figures
-    returned are ``knobs``' (None where no setting measured with them prefetched). Without, all
-    are taken as one knob value. Observations of workers that are not persistent must be of
-    windows that crossed an epoch's start; with any, a ``refork`` figure is fitted too.
-    None too where the measured settings do not separate the terms (all one worker count, say)
-    or the fit says the main process or the step costs nothing, or a sample less than nothing:
-    that model would let any setting fit. A negative worker figure is taken as none (forked
-    workers share nearly all their pages, so their own memory is within the noise).
+    One main, worker and step figure are fitted to all observations, a prefetched-sample figure
+    to each knob value. A negative worker figure is taken as none (forked workers share nearly
+    all their pages, so their own memory is within the noise).
+
+    Args:
+        observations: ``(settings, peak bytes)`` of complete trials. Those of workers that are
+            not persistent must be of windows that crossed an epoch's start; with any, a
+            ``refork`` figure is fitted too.
+        knobs: the knob values whose figures to return; None takes all observations as one
+            knob value.
+
+    Returns:
+        The figures, or None without enough: where no setting with ``knobs`` prefetched, where
+        the settings do not separate the terms (all one worker count, say), or where the fit
+        says the main process or the step costs nothing, or a sample less than nothing (that
+        model would let any setting fit).
     """
     keys = [_knobs_key(s.knobs) if knobs is not None else () for s, _ in observations]
     wanted = _knobs_key(knobs) if knobs is not None else ()

@@ -171,8 +171,8 @@ their steps takes longest to measure."""
 SLOW_STEP_S = 0.5
 """...and at one already slower than the best whose step takes this long at its fastest thread
 count: the next size's steps take a second or more each, and each is measured warm, twice, at
-every thread count (text's 65,536-token step took 2.6-4.3 s, and climbing to it made a study's
-set-up take 49-52 s). A size before the best is measured however slow its step."""
+every thread count, which would make the set-up take most of a study. A size before the best is
+measured however slow its step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,8 +212,8 @@ def measure_step_rates(
     ``settings`` gives the knobs and accumulation; ``batches`` are values of the workload's batch
     parameter (default: ``settings.batch``), ``threads`` intra-op thread counts (default:
     ``settings.torch_num_threads``), which change the step's own speed, a lot on some machines.
-    The speed per sample is not monotone in the batch size (a text step measured here ran 798
-    samples/s at 8192 tokens and 91 at 32768), so the sizes are tried smallest first until one
+    The speed per sample is not monotone in the batch size (a large token budget's step can run
+    several times slower per sample), so the sizes are tried smallest first until one
     falls below :data:`CLIMB_STOP_FRACTION` of the best, or below the best with steps of
     :data:`SLOW_STEP_S` or more.
     """
