@@ -21,7 +21,14 @@ from tuner.machine._fingerprint import (
     usable_cores,
     usable_cpu_count,
 )
-from tuner.machine._gpu import GpuReader, NoGpuReader, NvmlGpuReader, open_gpu_reader
+from tuner.machine._gpu import (
+    GpuMappingError,
+    GpuReader,
+    NoGpuReader,
+    NvmlGpuReader,
+    nvml_index_of,
+    open_gpu_reader,
+)
 from tuner.machine._profiles import (
     AUTO_PROFILE,
     Profile,
@@ -39,6 +46,7 @@ __all__ = [
     "CpuLoad",
     "CpuShares",
     "Fingerprint",
+    "GpuMappingError",
     "GpuReader",
     "NoGpuReader",
     "NvmlGpuReader",
@@ -50,6 +58,7 @@ __all__ = [
     "cpu_model_name",
     "detect_fingerprint",
     "load_catalog",
+    "nvml_index_of",
     "open_gpu_reader",
     "physical_core_count",
     "profile_mismatches",

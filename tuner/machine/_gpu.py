@@ -35,6 +35,7 @@ __all__ = [
     "nvml_index_of",
     "open_gpu_reader",
     "torch_pci_address",
+    "visible_nvml_indices",
 ]
 
 _log = logging.getLogger("tuner")
@@ -352,6 +353,24 @@ def nvml_index_of(
         return ordinal
     entry = _visible_entry(variable, ordinal)
     return _entry_index(entry, devices, f"CUDA_VISIBLE_DEVICES={variable!r}")
+
+
+def visible_nvml_indices(
+    devices: Sequence[GpuDevice], environ: Mapping[str, str] | None = None
+) -> list[int]:
+    """The NVML indices of the GPUs this process's CUDA can use (``CUDA_VISIBLE_DEVICES``'
+    entries, each through :func:`nvml_index_of`); every device where the variable is unset or
+    names none of them clearly (a reader in a training job must not fail it)."""
+    environ = os.environ if environ is None else environ
+    variable = environ.get("CUDA_VISIBLE_DEVICES")
+    everything = [device.index for device in devices]
+    if variable is None:
+        return everything
+    try:
+        count = len(variable.split(","))
+        return [nvml_index_of(f"cuda:{n}", devices, environ) for n in range(count)]
+    except GpuMappingError:
+        return everything
 
 
 def _text(value: str | bytes) -> str:

@@ -20,7 +20,6 @@ from objectives import Workload, load_workload
 from storage import open_storage
 from tuner import machine
 from tuner._naming import study_name
-from tuner.machine._gpu import GpuMappingError, nvml_index_of, open_gpu_reader
 from tuner.run._samplers import SAMPLERS
 from tuner.search._space import SearchSpace, SpaceError
 from tuner.trial._guard import GuardLimits, default_limits
@@ -174,13 +173,13 @@ def _gpu_device(device: str) -> tuple[int | None, int | None]:
     """The NVML index of ``device`` and its memory (None, None off CUDA or without NVML)."""
     if not device.startswith("cuda"):
         return None, None
-    with contextlib.closing(open_gpu_reader(_log)) as reader:
+    with contextlib.closing(machine.open_gpu_reader(_log)) as reader:
         devices = reader.devices()
     if not devices:
         return None, None
     try:
-        index = nvml_index_of(device, devices)
-    except GpuMappingError as error:
+        index = machine.nvml_index_of(device, devices)
+    except machine.GpuMappingError as error:
         raise ConfigError(f"--device {device}: {error}") from None
     totals = {d.index: d.memory_total_bytes for d in devices}
     return index, totals.get(index)
