@@ -28,7 +28,13 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from tuner.pipeline._model import _fixed_or, _thread_choices, candidate_setting, predict
+from tuner.pipeline._model import (
+    _fixed_or,
+    _thread_choices,
+    candidate_setting,
+    predict,
+    worker_ladder,
+)
 from tuner.pipeline._profile import PipelineProfile
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
@@ -73,19 +79,6 @@ def setting_key(settings: LoaderSettings) -> SettingKey:
     persistence only cost memory or each epoch's starts)."""
     knobs = tuple(sorted((name, repr(value)) for name, value in settings.knobs.items()))
     return settings.num_workers, settings.batch, settings.torch_num_threads, knobs
-
-
-def worker_ladder(max_workers: int) -> list[int]:
-    """0, 1, 2, 3, 4, 6, 8, 12, ...: powers of two and the halfway steps between them, up to
-    ``max_workers`` (included): steps of 1.3-1.5x, fine where the rate turns, cheap to climb."""
-    values = {0, max_workers}
-    power = 1
-    while power <= max_workers:
-        values.add(power)
-        if power >= 2 and power * 3 // 2 <= max_workers:
-            values.add(power * 3 // 2)
-        power *= 2
-    return sorted(value for value in values if 0 <= value <= max_workers)
 
 
 def _distance(a: LoaderSettings, b: LoaderSettings) -> float:
