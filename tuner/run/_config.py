@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass
 class StudyConfig:
-    hardware: str
+    hardware: str = "auto"
     objective: str = "image"
     objective_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     storage: str = "sqlite:///tuner.db"
