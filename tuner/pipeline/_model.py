@@ -68,6 +68,7 @@ __all__ = [
     "model_seeds",
     "predict",
     "predicted_best",
+    "setting_key",
     "worker_ladder",
     "worker_range",
     "workers_needed",
@@ -379,7 +380,7 @@ def _search(
     def rate(candidate: LoaderSettings) -> float | None:
         if admit is not None and not admit(candidate):
             return None
-        key = _key(candidate)
+        key = setting_key(candidate)
         if key not in rated:
             rated[key] = (_rate(profile, candidate, ideal), candidate)
         return rated[key][0]
@@ -388,8 +389,7 @@ def _search(
     starts = sorted(coarse, key=lambda pair: -pair[0])[:REFINE_STARTS]
     for _, start in starts:
         _climb(space, start, rate)
-    order = {_key(c): i for i, c in enumerate(_canonical(space, (c for _, c in rated.values())))}
-    return _pick(sorted(rated.values(), key=lambda pair: order[_key(pair[1])]))
+    return _pick(_canonical(space, rated.values()))
 
 
 REFINE_STARTS = 3
@@ -399,21 +399,26 @@ two peaks (within the cores, and past them), and the ladder may rate either one 
 SettingKey = tuple[int, int, int, tuple[tuple[str, str], ...]]
 
 
-def _key(settings: LoaderSettings) -> SettingKey:
+def setting_key(settings: LoaderSettings) -> SettingKey:
+    """What the model tells settings apart by: workers, batch, threads and knobs (prefetch and
+    persistence only cost memory or each epoch's starts)."""
     knobs = tuple(sorted((name, repr(value)) for name, value in settings.knobs.items()))
     return settings.num_workers, settings.batch, settings.torch_num_threads, knobs
 
 
-def _canonical(space: SearchSpace, settings: Iterable[LoaderSettings]) -> list[LoaderSettings]:
-    """``settings`` in the order of the space's own (knob set, workers, batch, threads), the
-    order :func:`_pick`'s ties are broken in."""
+def _canonical(
+    space: SearchSpace, rated: Iterable[tuple[float, LoaderSettings]]
+) -> list[tuple[float, LoaderSettings]]:
+    """``rated`` in the space's own order (knob set, workers, batch, threads): the order
+    :func:`_pick` breaks ties in, whichever order the search rated them in."""
     knob_order = {repr(sorted(k.items())): i for i, k in enumerate(space.knob_sets())}
 
-    def position(s: LoaderSettings) -> tuple[int, int, int, int]:
+    def position(pair: tuple[float, LoaderSettings]) -> tuple[int, int, int, int]:
+        s = pair[1]
         knobs = knob_order.get(repr(sorted(s.knobs.items())), len(knob_order))
         return knobs, s.num_workers, s.batch, s.torch_num_threads
 
-    return sorted(settings, key=position)
+    return sorted(rated, key=position)
 
 
 def _climb(

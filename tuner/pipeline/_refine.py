@@ -29,10 +29,12 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from tuner.pipeline._model import (
+    SettingKey,
     _fixed_or,
     _thread_choices,
     candidate_setting,
     predict,
+    setting_key,
     worker_ladder,
 )
 from tuner.pipeline._profile import PipelineProfile
@@ -61,8 +63,6 @@ unmeasured: the model rules it out (an oversubscribed step, workers the epoch ca
 CORRECTION_RANGE = (0.2, 5.0)
 """A measured/predicted ratio outside this says a trial went wrong, not that the model did."""
 
-SettingKey = tuple[int, int, int, tuple[tuple[str, str], ...]]
-
 
 @dataclasses.dataclass(frozen=True)
 class Proposal:
@@ -72,13 +72,6 @@ class Proposal:
     settings: LoaderSettings
     why: str
     corrected_samples_per_sec: float
-
-
-def setting_key(settings: LoaderSettings) -> SettingKey:
-    """What the model tells settings apart by: workers, batch, threads and knobs (prefetch and
-    persistence only cost memory or each epoch's starts)."""
-    knobs = tuple(sorted((name, repr(value)) for name, value in settings.knobs.items()))
-    return settings.num_workers, settings.batch, settings.torch_num_threads, knobs
 
 
 def _distance(a: LoaderSettings, b: LoaderSettings) -> float:
