@@ -16,7 +16,7 @@ import optuna
 
 from objectives import WorkloadError
 from storage import StorageError, default_storage_url, mask_password
-from tuner.machine import ProfileError
+from tuner.machine import AUTO_PROFILE, ProfileError
 from tuner.search._space import SpaceError
 
 __all__ = ["ArgumentParser", "UsageError", "add_common", "run_cli"]
@@ -39,7 +39,10 @@ class ArgumentParser(argparse.ArgumentParser):
 def add_common(parser: argparse.ArgumentParser, objective: bool = True) -> None:
     """--hardware, --objective, --storage, --study-name, --profiles, as every verb names them."""
     parser.add_argument(
-        "--hardware", required=True, help="a profile name from the catalog, or 'auto'"
+        "--hardware",
+        default=AUTO_PROFILE,
+        help="a profile name from the catalog, or 'auto': the catalog profile this machine "
+        "matches, else its fingerprint (local-...); python -m tuner.profiles detect shows which",
     )
     if objective:
         parser.add_argument(

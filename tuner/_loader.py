@@ -84,10 +84,13 @@ def _gpu_reader() -> _gpu.GpuReader:
 
 
 def _gpu_free_fraction() -> float | None:
+    """The least free share of the GPUs this process can use (``CUDA_VISIBLE_DEVICES``')."""
+    reader = _gpu_reader()
+    visible = set(_gpu.visible_nvml_indices(reader.devices()))
     fractions = [
         1 - reading.memory_used_bytes / reading.memory_total_bytes
-        for reading in _gpu_reader().read()
-        if reading.memory_total_bytes
+        for reading in reader.read()
+        if reading.memory_total_bytes and reading.index in visible
     ]
     return min(fractions) if fractions else None
 

@@ -17,11 +17,13 @@ from tuner._cli import ArgumentParser, UsageError, run_cli
 from tuner.fleet._profile_studies import StoredStudy, stored_studies
 from tuner.insight._table import format_table
 from tuner.machine import (
+    AUTO_PROFILE,
     Profile,
     auto_profile_name,
     detect_fingerprint,
     load_catalog,
     profile_mismatches,
+    resolve_profile,
 )
 from tuner.machine._memory import format_bytes
 
@@ -114,17 +116,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         matches = [
             name for name, p in sorted(catalog.items()) if not profile_mismatches(p, fingerprint)
         ]
-        auto = auto_profile_name(fingerprint)
+        auto = resolve_profile(AUTO_PROFILE, catalog, fingerprint).name
+        own = auto_profile_name(fingerprint)
         if args.format == "json":
-            print(
-                json.dumps(
-                    {"fingerprint": fingerprint.to_attrs(), "auto": auto, "matches": matches},
-                    indent=2,
-                )
-            )
+            facts = {"fingerprint": fingerprint.to_attrs(), "auto": auto, "fingerprint_name": own}
+            print(json.dumps({**facts, "matches": matches}, indent=2))
             return 0
         print(format_table(["fact", "value"], list(fingerprint.to_attrs().items())))
-        print(f"\n--hardware auto names this machine {auto}")
+        why = "the catalog profile it matches" if auto != own else "no catalog profile matches"
+        print(f"\n--hardware auto (the default) names this machine {auto} ({why})")
+        print(f"its fingerprint: {own}")
         print(f"matching catalog profiles: {', '.join(matches) if matches else 'none'}")
         return 0
     studies = _studies(args.storage)
@@ -154,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ["profile", "vCPUs", "memory", "GPUs", "studies", "trials", "best samples/s"], rows
         )
     )
+    auto = resolve_profile(AUTO_PROFILE, catalog, fingerprint).name
+    print(f"\n--hardware auto (the default) on this machine: {auto}")
     return 0
 
 

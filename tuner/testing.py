@@ -13,7 +13,7 @@ from types import ModuleType, SimpleNamespace
 
 from tuner.machine._gpu import GpuDevice, GpuReading
 
-__all__ = ["FakeNVMLError", "StaticGpuReader", "fake_nvml"]
+__all__ = ["FakeNVMLError", "StaticGpuReader", "fake_nvml", "fake_pci_bus_id", "fake_uuid"]
 
 GiB = 2**30
 
@@ -65,10 +65,16 @@ def fake_nvml(
     utilization: bool = True,
     init_error: str | None = None,
     name_as_bytes: bool = True,
+    uuids: Sequence[str] | None = None,
 ) -> ModuleType:
-    """A module with the few pynvml functions the reader calls, recording the calls."""
+    """A module with the few pynvml functions the reader calls, recording the calls.
+
+    Device ``i`` has UUID ``uuids[i]`` (default :func:`fake_uuid`) and PCI bus id
+    :func:`fake_pci_bus_id`.
+    """
     nvml = ModuleType("fake_pynvml")
     calls: list[str] = []
+    uuid_of = list(uuids) if uuids is not None else [fake_uuid(i) for i in range(device_count)]
 
     def init() -> None:
         calls.append("init")
@@ -91,6 +97,12 @@ def fake_nvml(
         text = f"NVIDIA H200 #{handle}"
         return text.encode() if name_as_bytes else text
 
+    def uuid(handle: int) -> bytes:
+        return uuid_of[handle].encode()
+
+    def pci_info(handle: int) -> SimpleNamespace:
+        return SimpleNamespace(busId=fake_pci_bus_id(handle).encode())
+
     nvml.__dict__.update(
         NVMLError=FakeNVMLError,
         nvmlMemory_v2=0x02000028,
@@ -103,5 +115,17 @@ def fake_nvml(
         nvmlDeviceGetName=name,
         nvmlDeviceGetMemoryInfo=memory_info,
         nvmlDeviceGetUtilizationRates=utilization_rates,
+        nvmlDeviceGetUUID=uuid,
+        nvmlDeviceGetPciInfo=pci_info,
     )
     return nvml
+
+
+def fake_uuid(index: int) -> str:
+    """The UUID :func:`fake_nvml` gives device ``index`` by default (as NVML writes one)."""
+    return f"GPU-{0xA0 + index:08x}-1b2c-3d4e-5f60-{index:012x}"
+
+
+def fake_pci_bus_id(index: int) -> str:
+    """The PCI bus id :func:`fake_nvml` gives device ``index`` (NVML's form)."""
+    return f"00000000:{0x10 * (index + 1):02X}:00.0"

@@ -13,6 +13,7 @@ from objectives import Workload, WorkloadError, load_workload
 from tests.conftest import study_cli
 from tests.objectives_tests import dataloader_script
 from tuner._attrs import trial_settings
+from tuner.search import SearchSpace, baseline_settings
 from tuner.search._settings import LoaderSettings
 
 SCRIPT = Path(dataloader_script.__file__)
@@ -53,6 +54,23 @@ def test_a_sampler_of_the_users_own_is_kept_and_a_large_batch_widens_the_range()
     assert ordered.collate_fn is None and ordered.current["num_workers"] == 0
 
 
+def test_the_pytorch_default_baseline_is_the_users_loader_exactly() -> None:
+    points = dataloader_script.Points()
+    weighted = WeightedRandomSampler(torch.ones(len(points)), num_samples=192)
+    loader = DataLoader(
+        points, batch_size=48, sampler=weighted, num_workers=2, prefetch_factor=4, drop_last=True
+    )
+    workload = Workload.from_dataloader(loader, dataloader_script.train_step)
+    space = SearchSpace(workload=workload, max_workers=8, max_threads=2, cuda=False)
+    assert 48 in space.batch_choices() and {8, 16, 32, 64} <= set(space.batch_choices())
+    today = baseline_settings(space, physical_cores=2)["pytorch-default"]
+    assert today.batch == 48  # not rounded down to a power of two
+    assert (today.num_workers, today.prefetch_factor, today.persistent_workers) == (2, 4, False)
+    kwargs = today.build_dataloader_kwargs(workload, seed=0)
+    assert kwargs["batch_size"] == 48 and kwargs["sampler"] is weighted
+    assert kwargs["drop_last"] is True and kwargs["num_workers"] == 2
+
+
 @pytest.mark.parametrize(
     ("attr", "message"),
     [
@@ -89,5 +107,5 @@ def test_a_study_of_a_users_dataloader_runs_its_settings_as_the_baseline_and_its
     baseline = next(t for t in finished if t.user_attrs.get("baseline") == "pytorch-default")
     today = trial_settings(baseline)
     assert (today.num_workers, today.prefetch_factor, today.persistent_workers) == (2, 3, True)
-    assert today.batch == 16  # 24 is not a power of two: the nearest choice below it
+    assert today.batch == 24  # the user's own batch size, though not a power of two
     assert any(markers.iterdir())  # the user's worker_init_fn ran in the trials' workers

@@ -6,14 +6,17 @@ import pytest
 
 from tuner.machine._gpu import (
     GpuDevice,
+    GpuMappingError,
     GpuReader,
     GpuReading,
     NoGpuReader,
     NvmlGpuReader,
     gpu_memory_used_bytes,
+    nvml_index_of,
     open_gpu_reader,
+    visible_nvml_indices,
 )
-from tuner.testing import StaticGpuReader, fake_nvml
+from tuner.testing import StaticGpuReader, fake_nvml, fake_pci_bus_id, fake_uuid
 
 GiB = 2**30
 
@@ -83,8 +86,8 @@ def test_nvml_reader_prefers_memory_info_v2() -> None:
     reader = NvmlGpuReader(nvml=nvml)
     assert reader.driver_version == "550.54.15"
     assert reader.devices() == [
-        GpuDevice(0, "NVIDIA H200 #0", 80 * GiB),
-        GpuDevice(1, "NVIDIA H200 #1", 80 * GiB),
+        GpuDevice(0, "NVIDIA H200 #0", 80 * GiB, fake_uuid(0), fake_pci_bus_id(0)),
+        GpuDevice(1, "NVIDIA H200 #1", 80 * GiB, fake_uuid(1), fake_pci_bus_id(1)),
     ]
     assert reader.read() == [
         GpuReading(0, GiB, 80 * GiB, 10.0),
@@ -137,6 +140,112 @@ def test_open_with_no_device_closes_nvml_and_gives_no_gpu_reader() -> None:
 def test_open_with_a_device_gives_the_nvml_reader() -> None:
     reader = open_gpu_reader(nvml=fake_nvml(device_count=1))
     assert isinstance(reader, NvmlGpuReader) and len(reader.devices()) == 1
+
+
+# --- cuda:N -> the NVML device, through CUDA_VISIBLE_DEVICES or the PCI address --------------
+
+UUIDS = [f"GPU-{n}{n}aa0000-0000-0000-0000-00000000000{n}" for n in range(4)]
+
+
+def _devices() -> list[GpuDevice]:
+    """Four NVML devices of the fake reader, with the UUIDs above."""
+    return NvmlGpuReader(nvml=fake_nvml(device_count=4, uuids=UUIDS)).devices()
+
+
+def _index(device: str, visible: str | None, **kwargs: object) -> int:
+    environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    return nvml_index_of(device, _devices(), environ, **kwargs)  # type: ignore[arg-type]
+
+
+def _no_torch_cuda(ordinal: int) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("device", "visible", "expected"),
+    [
+        ("cuda:0", None, 0),  # unset: CUDA counts every GPU, as NVML does
+        ("cuda:2", None, 2),
+        ("cuda", None, 0),
+        ("cuda:0", "3", 3),  # the case the guard got wrong: it read GPU 0
+        ("cuda:1", "3,1", 1),
+        ("cuda:0", "2, 0", 2),
+        ("cuda:0", UUIDS[3], 3),  # a full UUID
+        ("cuda:1", f"{UUIDS[2]},{UUIDS[1]}", 1),
+        ("cuda:0", "GPU-22aa", 2),  # a unique prefix, as CUDA accepts one
+    ],
+)
+def test_cuda_device_maps_to_its_nvml_index(
+    device: str, visible: str | None, expected: int
+) -> None:
+    assert _index(device, visible, pci_address=_no_torch_cuda) == expected
+
+
+@pytest.mark.parametrize(
+    ("device", "visible", "message"),
+    [
+        ("cuda:1", "3", r"cuda:1 is not visible: CUDA_VISIBLE_DEVICES='3' names 1 device"),
+        ("cuda:0", "", "makes no GPU visible"),
+        ("cuda:0", "gpu0", "'gpu0' is neither a GPU index nor a GPU- UUID"),
+        ("cuda:0", "0,-1", "'-1' is neither a GPU index"),
+        ("cuda:0", "7", "GPU 7 does not exist"),
+        ("cuda:0", "GPU-99", "no GPU has a UUID starting 'GPU-99'"),
+        ("cuda:0", "GPU-", "is neither a GPU index nor a GPU- UUID"),
+        ("cuda:0", "1,1", "names a device twice"),
+        ("cuda:0", "MIG-4f3b2a10-0000-0000-0000-000000000000", "MIG instances are not supported"),
+        ("cpu", None, "expected cuda or cuda:N, got 'cpu'"),
+    ],
+)
+def test_a_visible_devices_value_that_names_no_gpu_is_one_clear_error(
+    device: str, visible: str | None, message: str
+) -> None:
+    with pytest.raises(GpuMappingError, match=message) as caught:
+        _index(device, visible, pci_address=_no_torch_cuda)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_ambiguous_uuid_prefix_is_refused() -> None:
+    devices = [GpuDevice(0, "a", GiB, "GPU-abc1"), GpuDevice(1, "b", GiB, "GPU-abc2")]
+    with pytest.raises(GpuMappingError, match="2 GPUs have a UUID starting 'GPU-abc'"):
+        nvml_index_of("cuda:0", devices, {"CUDA_VISIBLE_DEVICES": "GPU-abc"}, _no_torch_cuda)
+
+
+def test_where_torch_runs_cuda_the_pci_address_decides() -> None:
+    # CUDA's own order can differ from NVML's (CUDA_DEVICE_ORDER=FASTEST_FIRST on mixed GPUs):
+    # the PCI address torch reports for cuda:0 is the device's, whatever the variable says.
+    address = {0: (0, 0x30, 0)}  # fake_pci_bus_id(2) is 00000000:30:00.0
+
+    assert _index("cuda:0", "1", pci_address=address.get) == 2
+    # an address NVML does not list falls back to the variable
+    assert _index("cuda:0", "1", pci_address={0: (0, 0x99, 0)}.get) == 1
+
+
+def test_the_default_pci_lookup_leaves_cuda_alone_where_torch_has_not_started_it() -> None:
+    # torch on this machine has not initialised CUDA: nothing is asked, the variable decides
+    assert _index("cuda:0", "3") == 3
+
+
+def test_the_visible_gpus_are_the_variables_entries_or_all() -> None:
+    devices = _devices()
+    assert visible_nvml_indices(devices, {}) == [0, 1, 2, 3]
+    assert visible_nvml_indices(devices, {"CUDA_VISIBLE_DEVICES": f"2,{UUIDS[0]}"}) == [2, 0]
+    assert visible_nvml_indices(devices, {"CUDA_VISIBLE_DEVICES": "bad"}) == [0, 1, 2, 3]
+
+
+def test_the_study_guards_and_reads_the_mapped_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.run import _config
+
+    monkeypatch.setattr(
+        _config.machine,
+        "open_gpu_reader",
+        lambda log: NvmlGpuReader(nvml=fake_nvml(device_count=4)),
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", fake_uuid(3))
+    assert _config._gpu_device("cuda:0") == (3, 80 * GiB)  # PreparedStudy.gpu_index
+    assert _config._gpu_device("cpu") == (None, None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    with pytest.raises(_config.ConfigError, match=r"^--device cuda:0: CUDA_VISIBLE_DEVICES='5'"):
+        _config._gpu_device("cuda:0")
 
 
 # --- StaticGpuReader and the helper ------------------------------------------------------------

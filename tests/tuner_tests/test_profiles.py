@@ -13,6 +13,7 @@ from tuner.machine._profiles import (
     Profile,
     ProfileError,
     load_catalog,
+    matching_profile,
     profile_mismatches,
     resolve_profile,
     scale_workers,
@@ -157,6 +158,43 @@ def test_resolve_known_and_auto(catalog: dict[str, Profile]) -> None:
     fp = make_fingerprint()
     assert resolve_profile("g5.xlarge", catalog, fp) is catalog["g5.xlarge"]
     assert resolve_profile("auto", catalog, fp) == Profile.from_fingerprint(fp)
+
+
+G4DN_XLARGE_FACTS = {"usable_cpus": 4, "gpus": (("Tesla T4", 15_843_721_216),)}
+"""A g4dn.xlarge as it reports itself (with its RAM given per test: the profile says 16 GiB)."""
+
+
+def test_auto_on_a_machine_that_matches_a_profile_names_that_profile(
+    catalog: dict[str, Profile],
+) -> None:
+    fp = make_fingerprint(**G4DN_XLARGE_FACTS, memory_bytes=16_480_000_000)
+    assert matching_profile(catalog, fp) is catalog["g4dn.xlarge"]
+    assert resolve_profile("auto", catalog, fp) is catalog["g4dn.xlarge"]
+
+
+@pytest.mark.parametrize("ram_share", [0.8, 1.2])
+def test_auto_on_a_machine_20_percent_off_in_ram_names_its_fingerprint(
+    catalog: dict[str, Profile], ram_share: float
+) -> None:
+    fp = make_fingerprint(**G4DN_XLARGE_FACTS, memory_bytes=round(ram_share * 16 * GIB))
+    assert matching_profile(catalog, fp) is None
+    auto = resolve_profile("auto", catalog, fp)
+    assert auto == Profile.from_fingerprint(fp) and auto.name.startswith("local-4cpu-")
+
+
+def test_auto_needs_the_same_gpu_model_and_count(catalog: dict[str, Profile]) -> None:
+    two_t4 = make_fingerprint(**{**G4DN_XLARGE_FACTS, "gpus": (("Tesla T4", 15 * GIB),) * 2})
+    assert resolve_profile("auto", catalog, two_t4).name.startswith("local-")
+    l4 = make_fingerprint(usable_cpus=4, memory_bytes=16 * GIB, gpus=(("NVIDIA L4", 23 * GIB),))
+    assert resolve_profile("auto", catalog, l4) is catalog["g6.xlarge"]
+
+
+def test_of_several_matching_profiles_auto_takes_the_nearest_ram() -> None:
+    near, far = Profile("near", 4, 16 * GIB), Profile("far", 4, 18 * GIB)
+    fp = make_fingerprint(usable_cpus=4, memory_bytes=16 * GIB)
+    assert matching_profile({"far": far, "near": near}, fp) is near
+    twin = Profile("a-twin", 4, 16 * GIB)
+    assert matching_profile({"near": near, "a-twin": twin}, fp) is twin  # then by name
 
 
 def test_resolve_unknown_lists_known_names(catalog: dict[str, Profile]) -> None:

@@ -216,7 +216,9 @@ def optuna_best(study: optuna.Study) -> FrozenTrial | None:
 
 
 def resolve_profile_name(hardware: str, profiles_file: str | None = None) -> str:
-    """``auto`` names this machine; a named profile must be in the catalog (ProfileError)."""
+    """``auto`` names the catalog profile this machine matches, else this machine's fingerprint
+    (:func:`tuner.machine.resolve_profile`); a named profile must be in the catalog
+    (ProfileError)."""
     fingerprint = machine.detect_fingerprint()
     catalog = machine.load_catalog(profiles_file)
     return machine.resolve_profile(hardware, catalog, fingerprint).name

@@ -21,12 +21,20 @@ from tuner.machine._fingerprint import (
     usable_cores,
     usable_cpu_count,
 )
-from tuner.machine._gpu import GpuReader, NoGpuReader, NvmlGpuReader, open_gpu_reader
+from tuner.machine._gpu import (
+    GpuMappingError,
+    GpuReader,
+    NoGpuReader,
+    NvmlGpuReader,
+    nvml_index_of,
+    open_gpu_reader,
+)
 from tuner.machine._profiles import (
     AUTO_PROFILE,
     Profile,
     ProfileError,
     load_catalog,
+    matching_profile,
     profile_mismatches,
     resolve_profile,
     scale_workers,
@@ -39,6 +47,7 @@ __all__ = [
     "CpuLoad",
     "CpuShares",
     "Fingerprint",
+    "GpuMappingError",
     "GpuReader",
     "NoGpuReader",
     "NvmlGpuReader",
@@ -50,6 +59,8 @@ __all__ = [
     "cpu_model_name",
     "detect_fingerprint",
     "load_catalog",
+    "matching_profile",
+    "nvml_index_of",
     "open_gpu_reader",
     "physical_core_count",
     "profile_mismatches",

@@ -3,6 +3,9 @@
 The guard and the hardware fingerprint talk to a :class:`GpuReader`. :func:`open_gpu_reader`
 gives the real :class:`NvmlGpuReader` where NVML and a device exist, and a :class:`NoGpuReader`
 elsewhere, so a machine without a GPU runs the same code with the GPU side switched off.
+NVML numbers every device of the host and ignores ``CUDA_VISIBLE_DEVICES``;
+:func:`nvml_index_of` says which NVML device a ``cuda:N`` is (the guard and the telemetry read
+that one).
 :class:`tuner.testing.StaticGpuReader` plays given readings: the one stand-in for a GPU, for tests
 and for machines that have none.
 
@@ -14,19 +17,25 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
 __all__ = [
     "GpuDevice",
+    "GpuMappingError",
     "GpuReader",
     "GpuReading",
     "NoGpuReader",
     "NvmlGpuReader",
     "gpu_memory_used_bytes",
+    "nvml_index_of",
     "open_gpu_reader",
+    "torch_pci_address",
+    "visible_nvml_indices",
 ]
 
 _log = logging.getLogger("tuner")
@@ -34,9 +43,14 @@ _log = logging.getLogger("tuner")
 
 @dataclass(frozen=True)
 class GpuDevice:
+    """One NVML device: its NVML index, name and memory, and (where NVML gives them) its UUID
+    (``GPU-...``) and PCI bus id (``00000000:3B:00.0``), which :func:`nvml_index_of` matches."""
+
     index: int
     name: str
     memory_total_bytes: int
+    uuid: str | None = None
+    pci_bus_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +132,20 @@ class NvmlGpuReader:
 
     def _describe(self, index: int, handle: Any) -> GpuDevice:
         _, total_bytes = self._memory(handle)
-        return GpuDevice(index, _text(self._nvml.nvmlDeviceGetName(handle)), total_bytes)
+        name = _text(self._nvml.nvmlDeviceGetName(handle))
+        return GpuDevice(index, name, total_bytes, self._uuid(handle), self._pci_bus_id(handle))
+
+    def _uuid(self, handle: Any) -> str | None:
+        try:
+            return _text(self._nvml.nvmlDeviceGetUUID(handle))
+        except self._nvml.NVMLError:
+            return None
+
+    def _pci_bus_id(self, handle: Any) -> str | None:
+        try:
+            return _text(self._nvml.nvmlDeviceGetPciInfo(handle).busId)
+        except self._nvml.NVMLError:
+            return None
 
     def _memory(self, handle: Any) -> tuple[int, int]:
         """(used, total) bytes, from memory info v2 where the driver has it, else v1."""
@@ -199,6 +226,151 @@ def gpu_memory_used_bytes(
     if not selected:
         return None
     return max(reading.memory_used_bytes for reading in selected)
+
+
+class GpuMappingError(ValueError):
+    """``cuda:N`` names no NVML device this process can tell (one line: why, and the value)."""
+
+
+PciAddress = tuple[int, int, int]
+"""A PCI device's (domain, bus, device): what CUDA and NVML both report for one GPU."""
+
+
+def _pci_address(bus_id: str | None) -> PciAddress | None:
+    """``domain:bus:device.function`` (hex; NVML's ``00000000:3B:00.0``) as numbers, or None."""
+    if not bus_id:
+        return None
+    try:
+        domain, bus, rest = bus_id.split(":")
+        return int(domain, 16), int(bus, 16), int(rest.split(".")[0], 16)
+    except ValueError:
+        return None
+
+
+def torch_pci_address(ordinal: int) -> PciAddress | None:
+    """The PCI address of CUDA device ``ordinal`` as torch sees it, or None where torch has not
+    initialised CUDA in this process (asking would initialise it, and a CUDA context must not
+    exist in a process that forks trial children) or does not report it."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        properties = torch.cuda.get_device_properties(ordinal)
+    except (RuntimeError, AssertionError, ValueError):
+        return None
+    fields = ("pci_domain_id", "pci_bus_id", "pci_device_id")
+    if not all(hasattr(properties, field) for field in fields):
+        return None
+    return tuple(int(getattr(properties, field)) for field in fields)  # type: ignore[return-value]
+
+
+def _cuda_ordinal(device: str) -> int:
+    """``cuda:N`` is N; ``cuda`` is 0 (the current device of a fresh process)."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise GpuMappingError(f"expected cuda or cuda:N, got {device!r}")
+    return int(index) if index else 0
+
+
+def _visible_entry(variable: str, ordinal: int) -> str:
+    """The ``ordinal``-th entry of ``CUDA_VISIBLE_DEVICES`` (checked whole, as CUDA reads it)."""
+    entries = [entry.strip() for entry in variable.split(",")]
+    shown = f"CUDA_VISIBLE_DEVICES={variable!r}"
+    if not any(entries):
+        raise GpuMappingError(f"{shown} makes no GPU visible, so cuda:{ordinal} is none")
+    for entry in entries:
+        if entry.startswith("MIG-"):
+            raise GpuMappingError(
+                f"{shown}: MIG instances are not supported (the guard reads whole GPUs); "
+                "name the GPU by index or GPU- UUID"
+            )
+        if not (entry.isdigit() or (entry.startswith("GPU-") and len(entry) > 4)):
+            raise GpuMappingError(
+                f"{shown}: {entry!r} is neither a GPU index nor a GPU- UUID (or a prefix of one)"
+            )
+    if len(set(entries)) < len(entries):
+        raise GpuMappingError(f"{shown} names a device twice (CUDA then shows none)")
+    if ordinal >= len(entries):
+        raise GpuMappingError(
+            f"cuda:{ordinal} is not visible: {shown} names {len(entries)} device(s)"
+        )
+    return entries[ordinal]
+
+
+def _entry_index(entry: str, devices: Sequence[GpuDevice], shown: str) -> int:
+    """The NVML index of one ``CUDA_VISIBLE_DEVICES`` entry: an index as CUDA counts (the PCI
+    order NVML uses wherever the GPUs are alike or ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), or a
+    UUID or a unique prefix of one, as CUDA accepts them."""
+    if entry.isdigit():
+        index = int(entry)
+        if devices and index not in {device.index for device in devices}:
+            raise GpuMappingError(f"{shown}: GPU {index} does not exist ({len(devices)} found)")
+        return index
+    matches = [d.index for d in devices if d.uuid is not None and d.uuid.startswith(entry)]
+    if len(matches) != 1:
+        problem = "no GPU has" if not matches else f"{len(matches)} GPUs have"
+        raise GpuMappingError(f"{shown}: {problem} a UUID starting {entry!r}")
+    return matches[0]
+
+
+def nvml_index_of(
+    device: str,
+    devices: Sequence[GpuDevice],
+    environ: Mapping[str, str] | None = None,
+    pci_address: Callable[[int], PciAddress | None] = torch_pci_address,
+) -> int:
+    """The NVML index of the GPU that ``device`` (``cuda`` or ``cuda:N``) is in this process.
+
+    NVML numbers every GPU of the host; CUDA numbers those ``CUDA_VISIBLE_DEVICES`` leaves
+    visible, in its order. Where torch already runs CUDA here, the device's PCI address picks
+    the NVML device (exact whatever the order); else the N-th entry of
+    ``CUDA_VISIBLE_DEVICES`` does (an index, or a ``GPU-`` UUID or unique prefix of one); else,
+    unset, N is the NVML index.
+
+    Args:
+        device: ``cuda`` or ``cuda:N``.
+        devices: the NVML devices (:meth:`GpuReader.devices`), for UUIDs and PCI ids.
+        environ: the environment to read ``CUDA_VISIBLE_DEVICES`` from (default: this process's).
+        pci_address: CUDA device ordinal -> its PCI address, or None where unknown.
+
+    Returns:
+        The NVML index (``GpuDevice.index``) of the device.
+
+    Raises:
+        GpuMappingError: ``device`` is not a CUDA device, or ``CUDA_VISIBLE_DEVICES`` does not
+            name it (too few entries, an entry that is no index or UUID, an unknown or
+            ambiguous UUID, a ``MIG-`` instance, a repeated entry, an empty list).
+    """
+    ordinal = _cuda_ordinal(device)
+    address = pci_address(ordinal)
+    if address is not None:
+        for candidate in devices:
+            if _pci_address(candidate.pci_bus_id) == address:
+                return candidate.index
+    environ = os.environ if environ is None else environ
+    variable = environ.get("CUDA_VISIBLE_DEVICES")
+    if variable is None:
+        return ordinal
+    entry = _visible_entry(variable, ordinal)
+    return _entry_index(entry, devices, f"CUDA_VISIBLE_DEVICES={variable!r}")
+
+
+def visible_nvml_indices(
+    devices: Sequence[GpuDevice], environ: Mapping[str, str] | None = None
+) -> list[int]:
+    """The NVML indices of the GPUs this process's CUDA can use (``CUDA_VISIBLE_DEVICES``'
+    entries, each through :func:`nvml_index_of`); every device where the variable is unset or
+    names none of them clearly (a reader in a training job must not fail it)."""
+    environ = os.environ if environ is None else environ
+    variable = environ.get("CUDA_VISIBLE_DEVICES")
+    everything = [device.index for device in devices]
+    if variable is None:
+        return everything
+    try:
+        count = len(variable.split(","))
+        return [nvml_index_of(f"cuda:{n}", devices, environ) for n in range(count)]
+    except GpuMappingError:
+        return everything
 
 
 def _text(value: str | bytes) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "Profile",
     "ProfileError",
     "load_catalog",
+    "matching_profile",
     "profile_mismatches",
     "resolve_profile",
     "scale_workers",
@@ -194,9 +195,15 @@ def _str_field(entry: Mapping[str, Any], field: str, where: str) -> str:
 
 
 def resolve_profile(name: str, catalog: Mapping[str, Profile], fp: Fingerprint) -> Profile:
-    """The profile for ``--hardware NAME``; 'auto' describes this machine."""
+    """The profile for ``--hardware NAME``.
+
+    ``auto`` is the catalog profile this machine matches (:func:`matching_profile`), so a study
+    run as ``--hardware g4dn.xlarge`` is the one ``auto`` finds on such a machine; else this
+    machine's own (:meth:`Profile.from_fingerprint`, named ``local-...``). Any other name must
+    be in ``catalog`` (:class:`ProfileError`).
+    """
     if name == AUTO_PROFILE:
-        return Profile.from_fingerprint(fp)
+        return matching_profile(catalog, fp) or Profile.from_fingerprint(fp)
     try:
         return catalog[name]
     except KeyError:
@@ -205,6 +212,16 @@ def resolve_profile(name: str, catalog: Mapping[str, Profile], fp: Fingerprint) 
             f"unknown hardware profile {name!r}; known profiles: {known}; "
             f"or use 'auto' to detect this machine"
         ) from None
+
+
+def matching_profile(catalog: Mapping[str, Profile], fp: Fingerprint) -> Profile | None:
+    """The catalog profile this machine may join (:func:`profile_mismatches` finds nothing:
+    vCPUs equal, RAM within 15%, the same GPU models and counts), or None. Where several
+    match, the one whose RAM is nearest this machine's (then the first by name)."""
+    matches = [profile for profile in catalog.values() if not profile_mismatches(profile, fp)]
+    if not matches:
+        return None
+    return min(matches, key=lambda p: (abs(p.memory_bytes - fp.usable_memory_bytes), p.name))
 
 
 def profile_mismatches(

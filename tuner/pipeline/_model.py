@@ -3,7 +3,8 @@
 Pure functions of a :class:`~tuner.pipeline.PipelineProfile` and a setting, so every number
 can be recomputed from stored attrs and checked against the trials (``predicted_samples_per_sec``
 beside each measured one). For ``w`` workers, batch value ``b`` (``n`` samples) and ``t``
-intra-op threads on ``c`` usable cores, per sample:
+intra-op threads on ``c`` cores (the usable cores over the ranks that share them,
+:attr:`~tuner.pipeline.PipelineProfile.cores_per_rank`), per sample:
 
 * the workers produce at most ``w / (fetch_wall + collate + ipc_dump)`` (a worker waiting on
   storage holds no core, so ``w`` may exceed ``c``); an epoch of ``B`` batches takes
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tuner.pipeline._profile import PipelineProfile, RateTable
@@ -49,6 +50,8 @@ __all__ = [
     "model_seeds",
     "predict",
     "predicted_best",
+    "setting_key",
+    "worker_ladder",
     "worker_range",
     "workers_needed",
 ]
@@ -176,12 +179,12 @@ def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
         stall = THREAD_STALL_S / samples if contended and threads > 1 else 0.0
         share = ONE_THREAD_SHARE if contended and threads == 1 else 1.0
         consumer = 1 / (1 / step_rate + stall + main_cpu)
-        cpu = share * profile.usable_cores / max(1e-12, worker_cpu + main_cpu + step_cpu)
+        cpu = share * profile.cores_per_rank / max(1e-12, worker_cpu + main_cpu + step_cpu)
         return consumer, cpu
 
     consumer, cpu = consumer_and_cpu(contended=False)
     rate = _overlap(producer, min(consumer, cpu))
-    material = CROWD_SHARE * profile.usable_cores
+    material = CROWD_SHARE * profile.cores_per_rank
     contended = (
         not _within_cores(profile, settings)
         and rate * step_cpu >= material
@@ -221,15 +224,16 @@ def memory_max_workers(
     return max(0, min(HARD_MAX_WORKERS, int(MEMORY_SHARE * host_limit_bytes // per_worker)))
 
 
-def _best_at(
-    profile: PipelineProfile, settings: Iterable[LoaderSettings], ideal: bool = False
-) -> tuple[float, LoaderSettings | None]:
-    """The fastest of ``settings`` by the prediction (or, ``ideal``, by the perfect overlap)."""
+def _rate(profile: PipelineProfile, settings: LoaderSettings, ideal: bool) -> float:
+    prediction = predict(profile, settings)
+    return prediction.ideal_samples_per_sec if ideal else prediction.samples_per_sec
+
+
+def _pick(rated: Iterable[tuple[float, LoaderSettings]]) -> tuple[float, LoaderSettings | None]:
+    """The fastest of ``rated``, in their order; ties (within 1%) go to the cheaper setting:
+    fewer workers, then less prefetch."""
     best_rate, best = -1.0, None
-    for candidate in settings:
-        prediction = predict(profile, candidate)
-        rate = prediction.ideal_samples_per_sec if ideal else prediction.samples_per_sec
-        # Ties (within 1%) go to the cheaper setting: fewer workers, then less prefetch.
+    for rate, candidate in rated:
         if best is None or rate > 1.01 * best_rate:
             best_rate, best = rate, candidate
         elif rate >= best_rate / 1.01 and candidate.memory_footprint() < best.memory_footprint():
@@ -246,7 +250,12 @@ def workers_needed(
 ) -> int:
     """The fewest workers whose ideal rate is within 3% of unlimited workers' (at ``batch``,
     ``knobs``, default the base ones): the smooth minimum approaches the step's rate only
-    slowly, and would stretch the range."""
+    slowly, and would stretch the range.
+
+    The first :func:`worker_ladder` value that gets there, then every count between it and the
+    ladder value below (the ideal rate climbs with the workers until the cores crowd the step,
+    so a count the ladder skipped does not get there before the ladder does).
+    """
     knobs = space.base_knobs if knobs is None else knobs
 
     def rate(workers: int) -> float:
@@ -256,10 +265,29 @@ def workers_needed(
         return predict(profile, settings).ideal_samples_per_sec
 
     most = rate(HARD_MAX_WORKERS)
-    for workers in range(HARD_MAX_WORKERS + 1):
-        if rate(workers) >= ENOUGH_FRACTION * most:
-            return workers
+
+    def enough(workers: int) -> bool:
+        return rate(workers) >= ENOUGH_FRACTION * most
+
+    below = 0
+    for rung in worker_ladder(HARD_MAX_WORKERS):
+        if enough(rung):
+            return next((w for w in range(below + 1, rung) if enough(w)), rung)
+        below = rung
     return HARD_MAX_WORKERS
+
+
+def worker_ladder(max_workers: int) -> list[int]:
+    """0, 1, 2, 3, 4, 6, 8, 12, ...: powers of two and the halfway steps between them, up to
+    ``max_workers`` (included): steps of 1.3-1.5x, fine where the rate turns, cheap to climb."""
+    values = {0, max_workers}
+    power = 1
+    while power <= max_workers:
+        values.add(power)
+        if power >= 2 and power * 3 // 2 <= max_workers:
+            values.add(power * 3 // 2)
+        power *= 2
+    return sorted(value for value in values if 0 <= value <= max_workers)
 
 
 def _fixed_or(space: SearchSpace, name: str, values: Sequence[Any]) -> Sequence[Any]:
@@ -282,20 +310,147 @@ def _thread_choices(space: SearchSpace) -> list[int]:
     return list(_fixed_or(space, "torch_num_threads", sorted({1, space.max_threads})))
 
 
-def _candidates(space: SearchSpace) -> list[LoaderSettings]:
-    """Every worker, batch, thread count and knob set of ``space``."""
+def _model_threads(profile: PipelineProfile, space: SearchSpace) -> list[int]:
+    """The thread counts the model's search starts from: 1, one rank's cores, all, and those
+    the step was measured at (where its rates change; or the user's fixed one); :func:`_search`
+    refines between them."""
+    per_rank = max(1, min(space.max_threads, math.floor(profile.cores_per_rank + 1e-9)))
+    measured = {t for t in profile.step_rates if 1 <= t <= space.max_threads}
+    choices = sorted({1, per_rank, space.max_threads} | measured)
+    return list(_fixed_or(space, "torch_num_threads", choices))
+
+
+def _coarse(profile: PipelineProfile, space: SearchSpace) -> list[LoaderSettings]:
+    """Every ladder worker count (:func:`worker_ladder`), batch value, starting thread count
+    (:func:`_model_threads`) and knob set of ``space``: a few hundred settings on any machine."""
     return [
         candidate_setting(space, workers, batch, threads, knobs)
         for knobs in space.knob_sets()
-        for workers in _fixed_or(space, "num_workers", range(space.max_workers + 1))
+        for workers in _fixed_or(space, "num_workers", worker_ladder(space.max_workers))
         for batch in _fixed_or(space, space.batch_param, space.batch_choices())
-        for threads in _fixed_or(space, "torch_num_threads", range(1, space.max_threads + 1))
+        for threads in _model_threads(profile, space)
     ]
+
+
+Admit = Callable[[LoaderSettings], bool]
+
+
+def _search(
+    profile: PipelineProfile, space: SearchSpace, ideal: bool = False, admit: Admit | None = None
+) -> tuple[float, LoaderSettings | None]:
+    """The best setting of ``space`` the model finds (by :func:`_pick`'s rule, ``admit``'s
+    settings only), without rating every worker count x thread count.
+
+    The coarse grid (:func:`_coarse`) is rated, then each of its :data:`REFINE_STARTS` best is
+    climbed along the workers and the threads (a step of half the gap to the next ladder rung,
+    halved until 1, moving while the rate rises) with every batch value and knob set at each
+    stop. What :func:`_pick` chooses among everything rated is the answer. On the stored
+    2-core profiles, and on them at 4 cores, it is the best of every setting of the space
+    (``tests/tuner_tests/pipeline/test_search.py``); a 96-core space takes a few thousand
+    predictions, not a million.
+    """
+    rated: dict[SettingKey, tuple[float, LoaderSettings]] = {}
+
+    def rate(candidate: LoaderSettings) -> float | None:
+        if admit is not None and not admit(candidate):
+            return None
+        key = setting_key(candidate)
+        if key not in rated:
+            rated[key] = (_rate(profile, candidate, ideal), candidate)
+        return rated[key][0]
+
+    coarse = [(r, c) for c in _coarse(profile, space) if (r := rate(c)) is not None]
+    starts = sorted(coarse, key=lambda pair: -pair[0])[:REFINE_STARTS]
+    for _, start in starts:
+        _climb(space, start, rate)
+    return _pick(_canonical(space, rated.values()))
+
+
+REFINE_STARTS = 3
+"""How many of the coarse grid's best settings the search climbs from: a contended space has
+two peaks (within the cores, and past them), and the ladder may rate either one first."""
+
+SettingKey = tuple[int, int, int, tuple[tuple[str, str], ...]]
+
+
+def setting_key(settings: LoaderSettings) -> SettingKey:
+    """What the model tells settings apart by: workers, batch, threads and knobs (prefetch and
+    persistence only cost memory or each epoch's starts)."""
+    knobs = tuple(sorted((name, repr(value)) for name, value in settings.knobs.items()))
+    return settings.num_workers, settings.batch, settings.torch_num_threads, knobs
+
+
+def _canonical(
+    space: SearchSpace, rated: Iterable[tuple[float, LoaderSettings]]
+) -> list[tuple[float, LoaderSettings]]:
+    """``rated`` in the space's own order (knob set, workers, batch, threads): the order
+    :func:`_pick` breaks ties in, whichever order the search rated them in."""
+    knob_order = {repr(sorted(k.items())): i for i, k in enumerate(space.knob_sets())}
+
+    def position(pair: tuple[float, LoaderSettings]) -> tuple[int, int, int, int]:
+        s = pair[1]
+        knobs = knob_order.get(repr(sorted(s.knobs.items())), len(knob_order))
+        return knobs, s.num_workers, s.batch, s.torch_num_threads
+
+    return sorted(rated, key=position)
+
+
+def _climb(
+    space: SearchSpace, start: LoaderSettings, rate: Callable[[LoaderSettings], float | None]
+) -> None:
+    """Climb from ``start`` along the workers and the threads (see :func:`_search`), rating
+    every batch value and knob set at each setting reached."""
+
+    def best_of_row(workers: int, threads: int) -> tuple[float, LoaderSettings] | None:
+        row = [
+            candidate_setting(space, workers, batch, threads, knobs)
+            for knobs in space.knob_sets()
+            for batch in _fixed_or(space, space.batch_param, space.batch_choices())
+        ]
+        rated = [(r, c) for c in row if (r := rate(c)) is not None]
+        return max(rated, key=lambda pair: pair[0]) if rated else None
+
+    current = best_of_row(start.num_workers, start.torch_num_threads)
+    if current is None:
+        return
+    bounds = {"num_workers": (0, space.max_workers), "torch_num_threads": (1, space.max_threads)}
+    moved = True
+    while moved:
+        moved = False
+        for name, (low, high) in bounds.items():
+            if name in space.fixed:
+                continue
+            step = max(1, _gap(getattr(current[1], name), high) // 2)
+            while step >= 1:
+                value = getattr(current[1], name)
+                tried = [
+                    best_of_row(*_along(current[1], name, v))
+                    for v in (value - step, value + step)
+                    if low <= v <= high
+                ]
+                better = [pair for pair in tried if pair is not None and pair[0] > current[0]]
+                if better:
+                    current, moved = max(better, key=lambda pair: pair[0]), True
+                else:
+                    step //= 2
+
+
+def _gap(value: int, high: int) -> int:
+    """The distance from ``value`` to the next rung of its ladder above it (within ``high``)."""
+    above = [rung for rung in worker_ladder(high) if rung > value]
+    return (above[0] - value) if above else 1
+
+
+def _along(settings: LoaderSettings, name: str, value: int) -> tuple[int, int]:
+    """(workers, threads) of ``settings`` with ``name`` set to ``value``."""
+    if name == "num_workers":
+        return value, settings.torch_num_threads
+    return settings.num_workers, value
 
 
 def predicted_best(profile: PipelineProfile, space: SearchSpace) -> LoaderSettings:
     """The setting of ``space`` the model rates fastest (the cheapest among near-ties)."""
-    _, best = _best_at(profile, _candidates(space))
+    _, best = _search(profile, space)
     assert best is not None  # a space always holds at least one setting
     return best
 
@@ -318,12 +473,11 @@ def model_seeds(profile: PipelineProfile, space: SearchSpace) -> list[tuple[str,
     best = predicted_best(profile, space)
     seeds = [("predicted-best", best)]
     if predict(profile, best).contended:
-        within = [
-            candidate
-            for candidate in _candidates(space)
-            if candidate.num_workers > 0 and _within_cores(profile, candidate)
-        ]
-        _, calm = _best_at(profile, within)
+
+        def within(candidate: LoaderSettings) -> bool:
+            return candidate.num_workers > 0 and _within_cores(profile, candidate)
+
+        _, calm = _search(profile, space, admit=within)
         if calm is not None:
             seeds.append(("within-cores", calm))
     return seeds
@@ -338,8 +492,8 @@ def cores_demanded(profile: PipelineProfile, settings: LoaderSettings) -> float:
 
 
 def _within_cores(profile: PipelineProfile, settings: LoaderSettings) -> bool:
-    """Whether ``settings``' busy workers and step threads fit in the usable cores."""
-    return cores_demanded(profile, settings) <= profile.usable_cores + 1e-9
+    """Whether ``settings``' busy workers and step threads fit in one rank's cores."""
+    return cores_demanded(profile, settings) <= profile.cores_per_rank + 1e-9
 
 
 def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes: int | None) -> int:
@@ -364,7 +518,7 @@ def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes:
     wide = dataclasses.replace(space, max_workers=HARD_MAX_WORKERS)
     best = predicted_best(profile, wide)
     needed = workers_needed(profile, space, best.batch, best.torch_num_threads, best.knobs)
-    cores = max(1, math.ceil(profile.usable_cores))
+    cores = max(1, math.ceil(profile.cores_per_rank))
     memory = memory_max_workers(profile, host_limit_bytes, best.batch, 2, best.knobs)
     return max(1, min(2 * max(cores, needed), memory, HARD_MAX_WORKERS))
 
@@ -393,7 +547,7 @@ class PipelineModel:
             default=space.max_workers,
         )
         wide = dataclasses.replace(space, max_workers=max(space.max_workers, widest))
-        bound, _ = _best_at(profile, _candidates(wide), ideal=True)
+        bound, _ = _search(profile, wide, ideal=True)
         return cls(profile, bound, predicted_best(profile, space))
 
     def predict(self, settings: LoaderSettings) -> float:

@@ -111,6 +111,14 @@ class PipelineProfile:
     """The workers of the real loader the ``loader_*`` figures come from (prefetch 2)."""
     step_peak_bytes: Mapping[int, float] = dataclasses.field(default_factory=dict)
     """Per batch value: the main process's peak with the step and no workers (the ceiling's)."""
+    ranks: int = 1
+    """Training processes per node (torchrun's ``--nproc-per-node``), each with its own
+    DataLoader: they share ``usable_cores`` (:attr:`cores_per_rank`)."""
+
+    @property
+    def cores_per_rank(self) -> float:
+        """The usable cores one rank's loader and step may count on: ``usable_cores / ranks``."""
+        return self.usable_cores / max(1, self.ranks)
 
     @property
     def io_wait_share(self) -> float:

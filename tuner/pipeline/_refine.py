@@ -28,7 +28,15 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from tuner.pipeline._model import _fixed_or, _thread_choices, candidate_setting, predict
+from tuner.pipeline._model import (
+    SettingKey,
+    _fixed_or,
+    _thread_choices,
+    candidate_setting,
+    predict,
+    setting_key,
+    worker_ladder,
+)
 from tuner.pipeline._profile import PipelineProfile
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
@@ -55,8 +63,6 @@ unmeasured: the model rules it out (an oversubscribed step, workers the epoch ca
 CORRECTION_RANGE = (0.2, 5.0)
 """A measured/predicted ratio outside this says a trial went wrong, not that the model did."""
 
-SettingKey = tuple[int, int, int, tuple[tuple[str, str], ...]]
-
 
 @dataclasses.dataclass(frozen=True)
 class Proposal:
@@ -66,26 +72,6 @@ class Proposal:
     settings: LoaderSettings
     why: str
     corrected_samples_per_sec: float
-
-
-def setting_key(settings: LoaderSettings) -> SettingKey:
-    """What the model tells settings apart by: workers, batch, threads and knobs (prefetch and
-    persistence only cost memory or each epoch's starts)."""
-    knobs = tuple(sorted((name, repr(value)) for name, value in settings.knobs.items()))
-    return settings.num_workers, settings.batch, settings.torch_num_threads, knobs
-
-
-def worker_ladder(max_workers: int) -> list[int]:
-    """0, 1, 2, 3, 4, 6, 8, 12, ...: powers of two and the halfway steps between them, up to
-    ``max_workers`` (included): steps of 1.3-1.5x, fine where the rate turns, cheap to climb."""
-    values = {0, max_workers}
-    power = 1
-    while power <= max_workers:
-        values.add(power)
-        if power >= 2 and power * 3 // 2 <= max_workers:
-            values.add(power * 3 // 2)
-        power *= 2
-    return sorted(value for value in values if 0 <= value <= max_workers)
 
 
 def _distance(a: LoaderSettings, b: LoaderSettings) -> float:

@@ -20,12 +20,11 @@ from objectives import Workload, load_workload
 from storage import open_storage
 from tuner import machine
 from tuner._naming import study_name
-from tuner.machine._gpu import open_gpu_reader
 from tuner.run._samplers import SAMPLERS
 from tuner.search._space import SearchSpace, SpaceError
 from tuner.trial._guard import GuardLimits, default_limits
 
-__all__ = ["ConfigError", "PreparedStudy", "StudyConfig", "gpu_index", "prepare", "trial_deadline"]
+__all__ = ["ConfigError", "PreparedStudy", "StudyConfig", "prepare", "trial_deadline"]
 
 _log = logging.getLogger("tuner")
 
@@ -36,7 +35,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass
 class StudyConfig:
-    hardware: str
+    hardware: str = "auto"
     objective: str = "image"
     objective_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     storage: str = "sqlite:///tuner.db"
@@ -79,6 +78,9 @@ class PreparedStudy:
     limits: GuardLimits
     storage: BaseStorage
     study_name: str
+    gpu_index: int | None = None
+    """The NVML index of ``device`` (:func:`~tuner.machine.nvml_index_of`): the GPU the guard
+    and the telemetry read; None off CUDA or where NVML sees no GPU."""
 
 
 def trial_deadline(config: StudyConfig) -> float:
@@ -86,12 +88,6 @@ def trial_deadline(config: StudyConfig) -> float:
     if config.trial_timeout is not None:
         return config.trial_timeout
     return 60.0 + 3 * (config.warmup_seconds + config.trial_seconds)
-
-
-def gpu_index(device: str) -> int:
-    """The device's index for NVML: ``cuda:N`` is N (NVML counts as CUDA does by default)."""
-    _, _, index = device.partition(":")
-    return int(index) if index.isdigit() else 0
 
 
 def _resolve_device(requested: str) -> str:
@@ -173,12 +169,23 @@ def _build_space(
     return dataclasses.replace(space, fixed=space.parse_fixed(config.fix))
 
 
-def _limits(config: StudyConfig, device: str) -> GuardLimits:
-    gpu_total = None
-    if device.startswith("cuda"):
-        with contextlib.closing(open_gpu_reader(_log)) as reader:
-            totals = {d.index: d.memory_total_bytes for d in reader.devices()}
-        gpu_total = totals.get(gpu_index(device))
+def _gpu_device(device: str) -> tuple[int | None, int | None]:
+    """The NVML index of ``device`` and its memory (None, None off CUDA or without NVML)."""
+    if not device.startswith("cuda"):
+        return None, None
+    with contextlib.closing(machine.open_gpu_reader(_log)) as reader:
+        devices = reader.devices()
+    if not devices:
+        return None, None
+    try:
+        index = machine.nvml_index_of(device, devices)
+    except machine.GpuMappingError as error:
+        raise ConfigError(f"--device {device}: {error}") from None
+    totals = {d.index: d.memory_total_bytes for d in devices}
+    return index, totals.get(index)
+
+
+def _limits(config: StudyConfig, gpu_total: int | None) -> GuardLimits:
     try:
         return default_limits(
             config.memory_limit, config.shm_limit, config.gpu_memory_limit, gpu_total
@@ -196,7 +203,8 @@ def prepare(config: StudyConfig) -> PreparedStudy:
     _check_dataset(workload)
     device = _resolve_device(config.device)
     space = _build_space(config, workload, fingerprint, profile, device)
-    limits = _limits(config, device)
+    gpu_index, gpu_total = _gpu_device(device)
+    limits = _limits(config, gpu_total)
     storage = open_storage(
         config.storage,
         heartbeat_interval=config.heartbeat_interval,
@@ -204,5 +212,5 @@ def prepare(config: StudyConfig) -> PreparedStudy:
     )
     name = config.study_name or study_name(config.objective, profile.name)
     return PreparedStudy(
-        config, profile, fingerprint, workload, space, device, limits, storage, name
+        config, profile, fingerprint, workload, space, device, limits, storage, name, gpu_index
     )

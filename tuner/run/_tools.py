@@ -18,7 +18,7 @@ from pathlib import Path
 from tuner.machine import auto_profile_name
 from tuner.machine._gpu import GpuReader, open_gpu_reader
 from tuner.pipeline import PipelineModel
-from tuner.run._config import PreparedStudy, gpu_index, trial_deadline
+from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._runner import TrialRunner
 from tuner.search._settings import LoaderSettings
 from tuner.search._space import SearchSpace
@@ -52,7 +52,7 @@ def trial_tools(prepared: PreparedStudy) -> Iterator[TrialTools]:
         guard = MemoryGuard(
             prepared.limits,
             gpu=gpu,
-            gpu_index=gpu_index(prepared.device) if gpu is not None else None,
+            gpu_index=prepared.gpu_index if gpu is not None else None,
         )
         yield TrialTools(Supervisor(guard), gpu, reason)
 
@@ -103,7 +103,7 @@ def make_runner(
             **prepared.fingerprint.to_attrs(),
         },
         gpu=tools.gpu,
-        gpu_index=gpu_index(prepared.device) if tools.gpu is not None else None,
+        gpu_index=prepared.gpu_index if tools.gpu is not None else None,
         artifact_store=open_artifact_store(config.storage, config.artifact_dir),
         ceiling=ceiling,
         model=model,

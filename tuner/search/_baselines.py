@@ -4,7 +4,9 @@
 user's DataLoader, that DataLoader's own worker settings: what they train with today);
 ``rule-of-thumb`` is the field guide's starting point (workers at 3/4 of the physical cores,
 pinned memory on CUDA, persistent workers, ``prefetch_factor=2``). Both use the workload's
-default batch size and its base knobs (the defaults, with the ``--fix`` ones over them).
+default batch size as it is (a user's ``batch_size=48`` stays 48: the space's batch choices hold
+it, :meth:`~tuner.search.SearchSpace.batch_choices`), its sampler (every trial's DataLoader
+draws from it) and its base knobs (the defaults, with the ``--fix`` ones over them).
 """
 
 from __future__ import annotations

@@ -97,13 +97,17 @@ class SearchSpace:
         return self.workload.batch_param
 
     def batch_choices(self) -> list[int]:
-        """Powers of two within the workload's range, the probed edge and the effective batch."""
+        """Powers of two within the workload's range, the probed edge and the effective batch,
+        with the workload's own default batch size among them (a user's ``batch_size=48`` is
+        what the ``pytorch-default`` baseline runs, so it must be a value the space holds)."""
         low, high = self.workload.batch_size_range
         if self.max_batch is not None:
             high = min(high, self.max_batch)
         if self.effective_batch is not None:
             high = min(high, self.effective_batch)
         choices = powers_of_two(low, high)
+        if low <= self.workload.default_batch_size <= high:
+            choices = sorted({*choices, self.workload.default_batch_size})
         if self.effective_batch is not None:
             choices = [value for value in choices if self.effective_batch % value == 0]
         if not choices:
