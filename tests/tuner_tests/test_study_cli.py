@@ -138,7 +138,7 @@ def test_no_study_is_exit_1_and_creates_nothing(tmp_path: Path) -> None:
     db = tmp_path / "none.db"
     result = run_cli("tuner.best", "--hardware", "auto", "--storage", f"sqlite:///{db}")
     assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and "python -m tuner.study" in result.stderr
+    assert result.stderr.count("\n") == 1 and "dataloader-tuner study" in result.stderr
     assert not db.exists()
 
 
@@ -293,7 +293,15 @@ def test_the_default_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path
     best is queued right after the baselines, every trial carries its prediction and its share
     of the bound, and the summary shows them."""
     db = tmp_path / "tuner.db"
-    flags = ["--samples", "512", "--latency-ms", "4", "--seed", "0"]  # the default strategy
+    flags = [
+        "--samples",
+        "512",
+        "--latency-ms",
+        "4",
+        "--seed",
+        "0",
+        "--verbose",
+    ]  # default strategy
     result = study_cli(f"sqlite:///{db}", "storage", "--n-trials", "7", *flags, *QUICK)
     assert result.returncode == 0, result.stderr
     assert "of the bound" in result.stdout and "pipeline: fetch" in result.stdout
