@@ -41,8 +41,21 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("study") / "tuner.db"
     result = study_cli(f"sqlite:///{db}", FAST, "--n-trials", "6", "--seed", "0", *GP, *QUICK)
     assert result.returncode == 0, result.stderr
-    assert "best: trial" in result.stdout and "DataLoader(" in result.stdout
+    _shows_the_set_up_then_leads_with_the_answer(result)
     return db
+
+
+def _shows_the_set_up_then_leads_with_the_answer(result: subprocess.CompletedProcess[str]) -> None:
+    """A line per set-up phase on stderr, in order; on stdout the best, its speedups and the
+    code first, the table after, and the tuner's diagnostics only under --verbose."""
+    phases = ["created study", "ceiling: the step alone", "pipeline profile:", "model: bound"]
+    at = [result.stderr.find(phase) for phase in phases]
+    assert -1 not in at and at == sorted(at), result.stderr
+    out = result.stdout
+    order = ["best: trial", "x over pytorch-default", "DataLoader(", "num_workers  batch_size"]
+    at = [out.find(part) for part in order]
+    assert -1 not in at and at == sorted(at), out
+    assert "of the ceiling" not in out and "pipeline: fetch" not in out
 
 
 def test_study_records_what_it_measured(tuned: Path) -> None:
