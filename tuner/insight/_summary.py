@@ -1,4 +1,5 @@
-"""The end of a run in the terminal: the top trials, the speedups, the setting to use."""
+"""The end of a run in the terminal: the best, its speedups and the setting to use first, then
+the top trials; the tuner's diagnostics (ceiling, bound, model, profile) only when verbose."""
 
 from __future__ import annotations
 
