@@ -76,3 +76,12 @@ def test_errors_are_one_line_named_after_the_command(
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and lines[0].startswith(f"dataloader-tuner {says}".replace(" :", ":"))
     assert "Traceback" not in result.stderr
+
+
+def test_the_installed_command_is_this_entry_point() -> None:
+    import tomllib
+
+    from tests.conftest import ROOT
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"dataloader-tuner": "tuner.cli:main"}
