@@ -8,13 +8,16 @@
 
 Each subcommand is the verb module's own parser and ``main`` (``dataloader-tuner study`` runs
 exactly what ``python -m tuner.study`` runs), named ``dataloader-tuner <verb>`` in its usage and
-error lines.
+error lines. As under ``python -m``, the working directory is on ``sys.path``, so an
+``--objective mymodule:workload`` beside the user imports the same way in both.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import NoReturn
@@ -63,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Run ``dataloader-tuner``: pick the subcommand, hand it the rest of the arguments."""
     args, rest = parser().parse_known_args(argv)
+    if os.getcwd() not in sys.path:  # what python -m does; a console script does not
+        sys.path.insert(0, os.getcwd())
     verb: str = args.command
     name = f"{PROG} {verb}"
     verb_main: Callable[..., int] = _module(verb).main
