@@ -137,7 +137,7 @@ def run_cli(
 
     handler = _ProgressHandler()
     handler.setFormatter(_Formatter(prog))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("tuner.run").setLevel(logging.INFO)  # a run's progress lines
     # A CLI's own choice: Optuna's per-trial INFO lines would drown the progress bar.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
