@@ -30,7 +30,7 @@ def test_tune_returns_the_best_setting_and_prints_nothing(
     assert out == ""
     assert isinstance(best, tuner.BestSetting)
     assert best.samples_per_sec > 0 and best.objective == "storage"
-    assert best.finished_trials >= 4
+    assert best.finished_trials >= 2  # the default strategy may stop once its best has held
     assert tuner.best_setting(objective="storage", storage=url) == best
 
 
