@@ -304,12 +304,12 @@ class TimedStudy:
 
 
 def run_timed_study(config: StudyConfig) -> TimedStudy:
-    """Run the tuner as its CLI does; its messages and summary table are swallowed."""
+    """Run the tuner as its CLI does (its lines go to logging; no summary is printed)."""
     with contextlib.redirect_stdout(io.StringIO()):
         before = _trial_count(config)
         started_at = time.time()
         started = time.monotonic()
-        result = run_study(config, out=io.StringIO())
+        result = run_study(config)
         wall_s = time.monotonic() - started
     trials = [t for t in result.study.get_trials(deepcopy=False) if t.number >= before]
     starts = [t.datetime_start.timestamp() for t in trials if t.datetime_start is not None]

@@ -50,7 +50,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 _PIXEL_MEAN = torch.tensor(IMAGENET_MEAN).view(3, 1, 1) * 255
 _PIXEL_INV_STD = 1 / (torch.tensor(IMAGENET_STD).view(3, 1, 1) * 255)
 
-_NEEDS_TORCHVISION = "model resnet50 needs torchvision (pip install torchvision)"
+_NEEDS_TORCHVISION = "arch resnet50 needs torchvision (pip install torchvision)"
 _JPEG_QUALITY = 90
 _CACHE_MAGIC = b"DLTJPEG1"  # bump when the generator changes, so stale caches are not reused
 _CACHE_HEADER = struct.Struct("<8sQ")  # magic, image count
@@ -61,7 +61,7 @@ def image_workload(
     resolution: int = 128,
     crop: int = 112,
     image_dir: str | None = None,
-    model: str = "small-cnn",
+    arch: str = "small-cnn",
     collate: str = "float",
     seed: int = 0,
 ) -> Workload:
@@ -70,11 +70,11 @@ def image_workload(
     With ``image_dir`` the files are read from disk in every ``__getitem__`` (disk IO is part of
     the trial) and ``images``/``resolution``/``seed`` are not used.
     """
-    _check_choice("model", model, MODELS)
+    _check_choice("arch", arch, MODELS)
     _check_choice("collate", collate, COLLATES)
     if crop < 1:
         raise ValueError(f"crop must be at least 1, got {crop}")
-    if model == "resnet50" and importlib.util.find_spec("torchvision") is None:
+    if arch == "resnet50" and importlib.util.find_spec("torchvision") is None:
         raise ValueError(_NEEDS_TORCHVISION)
     if image_dir is not None:
         dataset: _AugmentedImages = ImageFolderDataset(image_dir, crop, collate)
@@ -82,7 +82,7 @@ def image_workload(
     else:
         dataset = EncodedImageDataset.generated(images, resolution, seed, crop, collate)
         source = f"{images} JPEG {resolution}px"
-    return _workload(dataset, model, f"image: {source} → crop {crop}, {model}")
+    return _workload(dataset, arch, f"image: {source} → crop {crop}, {arch}")
 
 
 def _check_choice(option: str, value: str, choices: Sequence[str]) -> None:

@@ -222,8 +222,8 @@ REFUSED = [
     Case("device-unknown", study("--device", "tpu"), "--device must be auto, cpu or cuda"),
     Case(
         "image-flag-for-text",
-        study("--objective", "text", "--model", "resnet50"),
-        "--model applies to --objective image only",
+        study("--objective", "text", "--arch", "resnet50"),
+        "--arch applies to --objective image only",
     ),
     Case(
         "text-flag-for-image",

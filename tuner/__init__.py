@@ -1,9 +1,14 @@
 """An Optuna-driven tuning service for PyTorch DataLoaders.
 
-Run a study with ``python -m tuner.study --hardware auto``; use its result with
-:func:`best_setting` (the whole setting: DataLoader arguments, threads, knobs, figures),
-:func:`best_params` (DataLoader keyword arguments only) or :func:`loader` (a ready DataLoader
-with the whole setting applied).
+Run a study with ``dataloader-tuner study --hardware auto`` or, from Python, :func:`tune` (the
+same run); use its result with :func:`best_setting` (the whole setting: DataLoader arguments,
+threads, knobs, figures), :func:`best_params` (DataLoader keyword arguments only) or
+:func:`loader` (a ready DataLoader with the whole setting applied)::
+
+    import tuner
+
+    best = tuner.tune(objective="mypkg.data:workload", n_trials=20)
+    loader = tuner.loader(dataset, objective="mypkg.data:workload", shuffle=True)
 
 The subpackages show the architecture, bottom up: ``machine`` (what the host has), ``search``
 (the settings and their space), ``trial`` (one supervised trial and its guard), ``insight``
@@ -20,18 +25,30 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from tuner._loader import loader
-    from tuner.insight._best import BestSetting, NoResultError, best_params, best_setting
+    from tuner._loader import AdaptiveLoader, loader
+    from tuner._tune import tune
+    from tuner.insight import BestSetting, NoResultError, best_params, best_setting
 
 _PUBLIC = {
-    "BestSetting": "tuner.insight._best",
-    "NoResultError": "tuner.insight._best",
-    "best_params": "tuner.insight._best",
-    "best_setting": "tuner.insight._best",
+    "AdaptiveLoader": "tuner._loader",
+    "BestSetting": "tuner.insight",
+    "NoResultError": "tuner.insight",
+    "best_params": "tuner.insight",
+    "best_setting": "tuner.insight",
     "loader": "tuner._loader",
+    "tune": "tuner._tune",
 }
 
-__all__ = ["BestSetting", "NoResultError", "__version__", "best_params", "best_setting", "loader"]
+__all__ = [
+    "AdaptiveLoader",
+    "BestSetting",
+    "NoResultError",
+    "__version__",
+    "best_params",
+    "best_setting",
+    "loader",
+    "tune",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,10 @@
-"""What every ``python -m tuner.<verb>`` shares: flag names, one-line errors, exit codes.
+"""What every verb (``dataloader-tuner <verb>``, ``python -m tuner.<verb>``) shares: flag names,
+help that shows each default, one-line errors, exit codes, and where progress goes.
 
 Exit codes follow Optuna's CLI habits: 2 for a usage error (bad flag, unknown profile, storage
-that cannot be opened), 1 for "nothing to show" (no study, no finished trial).
+that cannot be opened), 1 for "nothing to show" (no study, no finished trial). Progress lines are
+the ``tuner.run`` logger's INFO records, written to stderr (above a progress bar, where one runs);
+warnings carry the program's name.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import optuna
 
@@ -19,7 +22,7 @@ from storage import StorageError, default_storage_url, mask_password
 from tuner.machine import AUTO_PROFILE, ProfileError
 from tuner.search._space import SpaceError
 
-__all__ = ["ArgumentParser", "UsageError", "add_common", "run_cli"]
+__all__ = ["ArgumentParser", "HelpFormatter", "UsageError", "add_common", "run_cli"]
 
 USAGE_ERRORS: tuple[type[Exception], ...] = (StorageError, ProfileError, WorkloadError, SpaceError)
 
@@ -28,8 +31,27 @@ class UsageError(ValueError):
     """A bad argument found after parsing; exit code 2."""
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with ``(default: X)`` after each flag that has a value by default.
+
+    A default of None, False or an empty list is left out: the help says what the flag does
+    when it is not given (a value computed from the machine, the environment or other flags).
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, [], argparse.SUPPRESS) or isinstance(
+            action, (argparse._StoreTrueAction, argparse._StoreFalseAction)
+        ):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (no usage dump) and exit code 2."""
+    """argparse, but an error is one line (no usage dump) and exit code 2; help shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
@@ -41,8 +63,9 @@ def add_common(parser: argparse.ArgumentParser, objective: bool = True) -> None:
     parser.add_argument(
         "--hardware",
         default=AUTO_PROFILE,
-        help="a profile name from the catalog, or 'auto': the catalog profile this machine "
-        "matches, else its fingerprint (local-...); python -m tuner.profiles detect shows which",
+        help="a profile name from the catalog (dataloader-tuner profiles list), or 'auto': the "
+        "catalog profile this machine matches, else its fingerprint (local-...); "
+        "dataloader-tuner profiles detect shows which",
     )
     if objective:
         parser.add_argument(
@@ -56,8 +79,12 @@ def add_common(parser: argparse.ArgumentParser, objective: bool = True) -> None:
         default=None,
         help="database URL (default: $TUNER_STORAGE, else sqlite:///tuner.db)",
     )
-    parser.add_argument("--study-name", default=None, help="default: <objective>@<hardware>")
-    parser.add_argument("--profiles", default=None, help="a JSON catalog of more hardware profiles")
+    parser.add_argument(
+        "--study-name", default=None, help="the study's name (default: <objective>@<hardware>)"
+    )
+    parser.add_argument(
+        "--profiles", default=None, metavar="FILE.json", help="a JSON catalog of more profiles"
+    )
 
 
 def add_artifact_dir(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -74,14 +101,45 @@ def storage_url(value: str | None) -> str:
     return value or default_storage_url()
 
 
+class _Formatter(logging.Formatter):
+    """A progress line as it is; a warning or error with the program's name in front."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__("%(message)s")
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if record.levelno < logging.WARNING else f"{self.prog}: {text}"
+
+
+class _ProgressHandler(logging.Handler):
+    """Writes each record to stderr above a running progress bar (``tqdm.write``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
 def run_cli(
     prog: str, main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None
 ) -> NoReturn:
-    """Run ``main`` and turn the known errors into one line on stderr and an exit code."""
+    """Run ``main`` and turn the known errors into one line on stderr and an exit code.
+
+    ``prog`` names the program in error lines and warnings (``tuner.study`` under
+    ``python -m``, ``dataloader-tuner study`` under the installed command).
+    """
     from tuner.insight._best import NoResultError
     from tuner.run._config import ConfigError
 
-    logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    handler = _ProgressHandler()
+    handler.setFormatter(_Formatter(prog))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    logging.getLogger("tuner.run").setLevel(logging.INFO)  # a run's progress lines
     # A CLI's own choice: Optuna's per-trial INFO lines would drown the progress bar.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

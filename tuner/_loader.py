@@ -250,7 +250,7 @@ def _unapplied(best: BestSetting, dataloader_kwargs: dict[str, Any]) -> None:
             f"tuner.loader: {best.study_name} trial {best.trial_number} was measured with the "
             f"workload knobs {knobs}, which a bare dataset cannot take: pass workload= (its "
             "configure applies them) or apply them in your code "
-            "(python -m tuner.best --format python shows how)",
+            "(dataloader-tuner best --format python shows how)",
             stacklevel=3,
         )
     if best.batch_param != "batch_size" and "batch_sampler" not in dataloader_kwargs:
@@ -263,34 +263,66 @@ def _unapplied(best: BestSetting, dataloader_kwargs: dict[str, Any]) -> None:
 
 def loader(
     dataset: Dataset | None = None,
-    hardware: str = "auto",
-    objective: str = "image",
-    storage: str | None = None,
-    adapt: bool = False,
-    batch_size: int | None = None,
     *,
+    objective: str,
+    hardware: str = "auto",
+    storage: str | None = None,
+    study_name: str | None = None,
+    profiles_file: str | None = None,
     workload: Workload | None = None,
+    batch_size: int | None = None,
+    adapt: bool = False,
     set_threads: bool = True,
-    study: str | None = None,
     **dataloader_kwargs: Any,
 ) -> DataLoader | AdaptiveLoader:
-    """A DataLoader with the whole best setting stored for ``objective@hardware``.
+    """A DataLoader with the whole best setting stored for ``objective`` on ``hardware``.
 
-    Give ``dataset``, or ``workload`` (the workload the study measured): its ``configure``
-    then applies the tuned knobs, and its dataset, collate and batch sampler are used. The
-    setting is clamped to this machine, and the main process's intra-op threads are set as
-    tuned (``torch.set_num_threads``, logged; ``set_threads=False`` leaves them alone). With no
-    study (or no finished trial) it falls back to the rule of thumb with a warning.
-    ``dataloader_kwargs`` (``collate_fn``, ``shuffle``, ...) are passed through;
-    ``batch_size`` overrides the tuned batch; ``study`` names a study other than
-    ``<objective>@<hardware>`` (as ``--study-name`` does).
+    The setting is clamped to this machine (fewer usable CPUs: fewer workers; less RAM: a
+    smaller prefetch), and the main process's intra-op threads are set as tuned
+    (``torch.set_num_threads``, logged). With no study, or no finished trial in it, the rule
+    of thumb is used, with a warning.
+
+    Args:
+        dataset: the dataset to load; or give ``workload=`` instead (exactly one of them).
+        objective: the study's objective, as it was tuned (``"image"``,
+            ``"mypkg.data:workload"``, ...); required, so no study of another workload is
+            applied to your data by mistake.
+        hardware: the profile the study was run for, or ``"auto"`` for this machine's.
+        storage: a database URL; None is ``$TUNER_STORAGE``, else ``sqlite:///tuner.db``.
+        study_name: the study's name; None is ``<objective>@<profile>``.
+        profiles_file: a JSON catalog of more hardware profiles.
+        workload: the workload the study measured: its ``configure`` applies the tuned knobs,
+            and its dataset, collate and batch sampler are used.
+        batch_size: overrides the tuned batch.
+        adapt: return an :class:`AdaptiveLoader`, which steps ``num_workers`` and
+            ``prefetch_factor`` down under pressure between epochs, and back up after.
+        set_threads: set the tuned intra-op threads (False leaves yours alone).
+        **dataloader_kwargs: passed to the DataLoader (``collate_fn``, ``shuffle``, ...).
+
+    Returns:
+        A ``torch.utils.data.DataLoader``, or an :class:`AdaptiveLoader` with ``adapt``.
+
+    Raises:
+        TypeError: neither or both of ``dataset`` and ``workload``.
+        ValueError: ``workload`` tunes another batch parameter than the study, or an unknown
+            profile.
+
+    Example::
+
+        loader = tuner.loader(dataset, objective="mypkg.data:workload", shuffle=True)
     """
     if (dataset is None) == (workload is None):
         raise TypeError("tuner.loader takes a dataset or workload=, exactly one of them")
-    profile = live_profile(hardware)
+    profile = live_profile(hardware, profiles_file)
     best: BestSetting | None
     try:
-        best = best_setting(hardware, objective, storage, study=study)
+        best = best_setting(
+            hardware,
+            objective=objective,
+            storage=storage,
+            study_name=study_name,
+            profiles_file=profiles_file,
+        )
         settings, batch_param = best.settings, best.batch_param
     except NoResultError as error:
         warnings.warn(f"{error}; using the rule of thumb", stacklevel=2)
@@ -302,16 +334,28 @@ def loader(
     if best is not None and set_threads:
         dataclasses.replace(best, settings=settings).apply(_log)
     if workload is not None:
-        if workload.batch_param != batch_param:
-            raise ValueError(
-                f"workload {workload.name!r} tunes {workload.batch_param}, the study {batch_param}"
-            )
-        workload = workload.with_knobs(settings.knobs)
-        dataset = workload.dataset
-        dataloader_kwargs = {**_workload_kwargs(workload, settings), **dataloader_kwargs}
+        dataset, dataloader_kwargs = _from_workload(
+            workload, settings, batch_param, dataloader_kwargs
+        )
     elif best is not None:
         _unapplied(best, dataloader_kwargs)
     assert dataset is not None
     if adapt:
         return AdaptiveLoader(dataset, settings, batch_param, dataloader_kwargs)
     return DataLoader(dataset, **{**settings.dataloader_kwargs(batch_param), **dataloader_kwargs})
+
+
+def _from_workload(
+    workload: Workload,
+    settings: LoaderSettings,
+    batch_param: str,
+    dataloader_kwargs: dict[str, Any],
+) -> tuple[Dataset, dict[str, Any]]:
+    """The workload's dataset, configured with the tuned knobs, and its DataLoader arguments
+    (batch sampler, collate, worker init) under the caller's."""
+    if workload.batch_param != batch_param:
+        raise ValueError(
+            f"workload {workload.name!r} tunes {workload.batch_param}, the study {batch_param}"
+        )
+    workload = workload.with_knobs(settings.knobs)
+    return workload.dataset, {**_workload_kwargs(workload, settings), **dataloader_kwargs}

@@ -24,27 +24,35 @@ from tuner.insight._snippet import extra_settings
 from tuner.insight._table import format_table
 from tuner.integrations.huggingface import training_arguments_snippet
 
-__all__ = ["main", "parser"]
+__all__ = ["PROG", "main", "parser"]
 
 
-def parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        prog="python -m tuner.best", description="Print the best DataLoader setting of a profile."
-    )
+PROG = "python -m tuner.best"
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags of ``best``; ``prog`` names the command in usage and error lines."""
+    p = ArgumentParser(prog=prog, description="Print the best DataLoader setting of a profile.")
     add_common(p)
-    p.add_argument("--format", choices=("table", "json", "python", "hf"), default="table")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "python", "hf"),
+        default="table",
+        help="table to read, json to parse, python code to paste, or Hugging Face "
+        "TrainingArguments code (hf)",
+    )
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = parser(prog).parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     best = best_setting(
         args.hardware,
-        args.objective,
-        storage_url(args.storage),
+        objective=args.objective,
+        storage=storage_url(args.storage),
+        study_name=args.study_name,
         profiles_file=args.profiles,
-        study=args.study_name,
     )
     if args.format == "json":
         print(json.dumps(best.to_json(), indent=2))

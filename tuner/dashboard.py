@@ -30,7 +30,7 @@ from tuner._cli import ArgumentParser, UsageError, add_artifact_dir, run_cli, st
 from tuner.insight._summary import best_trial
 from tuner.trial._artifacts import open_artifact_store
 
-__all__ = ["TunerBestStorage", "main", "parser"]
+__all__ = ["PROG", "TunerBestStorage", "main", "parser"]
 
 
 class TunerBestStorage(RDBStorage):
@@ -64,9 +64,13 @@ class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
         pass
 
 
-def parser() -> argparse.ArgumentParser:
+PROG = "python -m tuner.dashboard"
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags of ``dashboard``; ``prog`` names the command in usage and error lines."""
     p = ArgumentParser(
-        prog="python -m tuner.dashboard",
+        prog=prog,
         description="Serve optuna-dashboard on the tuner's storage and artifact store.",
     )
     p.add_argument(
@@ -74,14 +78,16 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="database URL (default: $TUNER_STORAGE, else sqlite:///tuner.db)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (the dashboard can delete studies)"
+    )
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
     add_artifact_dir(p)
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = parser(prog).parse_args(argv)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
     url = storage_url(args.storage)
@@ -90,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         raise NoResultError(
             f"no database at {mask_url(url)}; create a study first: "
-            "python -m tuner.study --hardware auto"
+            "dataloader-tuner study --hardware auto"
         )
     storage = open_storage(url, heartbeat_interval=None, storage_class=TunerBestStorage)
     try:

@@ -27,23 +27,31 @@ from tuner.machine import (
 )
 from tuner.machine._memory import format_bytes
 
-__all__ = ["main", "parser"]
+__all__ = ["PROG", "main", "parser"]
 
 
-def parser() -> argparse.ArgumentParser:
+PROG = "python -m tuner.profiles"
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags of ``profiles``; ``prog`` names the command in usage and error lines."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--storage",
         default=None,
         help="database URL (default: $TUNER_STORAGE, else sqlite:///tuner.db)",
     )
-    common.add_argument("--profiles", default=None, help="a JSON catalog of more hardware profiles")
-    common.add_argument("--format", choices=("table", "json"), default="table")
-    p = ArgumentParser(prog="python -m tuner.profiles", description="Hardware profiles, studies.")
+    common.add_argument(
+        "--profiles", default=None, metavar="FILE.json", help="a JSON catalog of more profiles"
+    )
+    common.add_argument(
+        "--format", choices=("table", "json"), default="table", help="table to read or json"
+    )
+    p = ArgumentParser(prog=prog, description="Hardware profiles, studies.")
     verbs = p.add_subparsers(dest="verb", required=True, parser_class=ArgumentParser)
     verbs.add_parser("list", parents=[common], help="profiles, their studies, best samples/sec")
     show = verbs.add_parser("show", parents=[common], help="one profile and its studies")
-    show.add_argument("name")
+    show.add_argument("name", help="the profile's name")
     verbs.add_parser("detect", parents=[common], help="this machine and the profiles it matches")
     return p
 
@@ -108,8 +116,8 @@ def _show(profile: Profile, studies: list[StoredStudy], output: str) -> None:
     print("\n" + format_table(headers, rows))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = parser(prog).parse_args(argv)
     catalog = load_catalog(args.profiles)
     fingerprint = detect_fingerprint()
     if args.verb == "detect":

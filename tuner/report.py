@@ -28,12 +28,16 @@ from tuner._naming import study_name
 from tuner.insight._best import NoResultError, resolve_profile_name
 from tuner.trial._artifacts import artifact_dir_for
 
-__all__ = ["main", "parser"]
+__all__ = ["PROG", "main", "parser"]
 
 
-def parser() -> argparse.ArgumentParser:
+PROG = "python -m tuner.report"
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags of ``report``; ``prog`` names the command in usage and error lines."""
     p = ArgumentParser(
-        prog="python -m tuner.report",
+        prog=prog,
         description="Write a study's report as one self-contained HTML file.",
     )
     add_common(p)
@@ -42,8 +46,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = parser(prog).parse_args(argv)
     out = Path(args.out)
     if out.is_dir() or not out.parent.resolve().is_dir():
         raise UsageError(f"--out {args.out}: not a file in an existing directory")
@@ -51,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args.study_name or study_name(
         args.objective, resolve_profile_name(args.hardware, args.profiles)
     )
-    create = f"python -m tuner.study --hardware {args.hardware} --objective {args.objective}"
+    create = f"dataloader-tuner study --hardware {args.hardware} --objective {args.objective}"
     if sqlite_file_missing(url):
         raise NoResultError(f"no study {name} in {mask_url(url)}; create it with: {create}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)

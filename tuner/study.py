@@ -1,18 +1,18 @@
-"""``python -m tuner.study``: tune a workload's DataLoader on this machine for a hardware profile.
+"""``dataloader-tuner study`` (``python -m tuner.study``): tune a workload's DataLoader on this
+machine for a hardware profile.
 
-    python -m tuner.study --hardware auto --n-trials 20
-    python -m tuner.study --hardware g4dn.xlarge --objective mypkg.data:workload --storage postgresql+psycopg://...
+    dataloader-tuner study --hardware auto --n-trials 20
+    dataloader-tuner study --hardware g4dn.xlarge --objective mypkg.data:workload --storage postgresql+psycopg://...
 
 Objectives given as ``module:attr`` or ``file.py:attr`` are user code: they are imported and run.
+The run itself is :func:`tuner.run.run_study`, which :func:`tuner.tune` calls too.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections import Counter
+import sys
 from collections.abc import Sequence
-
-import optuna
 
 from tuner._cli import (
     ArgumentParser,
@@ -22,23 +22,25 @@ from tuner._cli import (
     run_cli,
     storage_url,
 )
-from tuner.insight._best import NoResultError
-from tuner.run import SAMPLERS, StudyConfig, run_study
+from tuner.insight import NoResultError, print_summary
+from tuner.run import SAMPLERS, StudyConfig, no_result_message, run_study
 
-__all__ = ["main", "parser"]
+__all__ = ["PROG", "config_from_args", "main", "parser"]
+
+PROG = "python -m tuner.study"
+DESCRIPTION = "Tune a workload's DataLoader on this machine for a hardware profile."
 
 
-def parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        prog="python -m tuner.study", description=__doc__.splitlines()[0].split(": ", 1)[1]
-    )
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags of a study run; ``prog`` names the command in usage and error lines."""
+    p = ArgumentParser(prog=prog, description=DESCRIPTION)
     add_common(p)
     run = p.add_argument_group("run")
     run.add_argument(
         "--n-trials",
         type=int,
         default=None,
-        help="trials for this process (default 20; unbounded with --total-trials)",
+        help="trials for this process (default: 20; unbounded with --total-trials)",
     )
     run.add_argument(
         "--total-trials",
@@ -46,26 +48,53 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="stop the whole fleet once the study holds this many finished trials",
     )
-    run.add_argument("--timeout", type=float, default=None, help="seconds for this whole run")
-    run.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--sampler", choices=SAMPLERS, default=StudyConfig.sampler)
     run.add_argument(
-        "--trial-seconds", type=float, default=3.0, help="measurement window per trial"
+        "--timeout", type=float, default=None, help="seconds for this whole run (default: none)"
     )
-    run.add_argument("--warmup-seconds", type=float, default=1.0)
+    run.add_argument(
+        "--device",
+        default="auto",
+        help="where the step runs: auto (cuda if present), cpu, cuda[:N]",
+    )
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the sampler's seed, for a repeatable search (default: none; a resumed study's "
+        "seed moves on by the trials it holds)",
+    )
+    run.add_argument(
+        "--sampler",
+        choices=SAMPLERS,
+        default=StudyConfig.sampler,
+        help="the search: model (the pipeline model's predictions, corrected by each "
+        "measurement; gp where no model can be built), gp (Optuna's GPSampler), tpe "
+        "(with the pruner) or random",
+    )
+    run.add_argument(
+        "--trial-seconds",
+        type=float,
+        default=StudyConfig.trial_seconds,
+        help="measurement window per trial, in seconds",
+    )
+    run.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=StudyConfig.warmup_seconds,
+        help="seconds each trial runs before its window starts (workers start, caches fill)",
+    )
     run.add_argument(
         "--trial-timeout",
         type=float,
         default=None,
-        help="kill a trial after this many seconds (default 60 + 3x its windows)",
+        help="kill a trial after this many seconds (default: 60 + 3x its windows)",
     )
     run.add_argument(
         "--fix",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="freeze a parameter (repeatable)",
+        help="freeze a parameter, e.g. batch_size=64 (repeatable)",
     )
     run.add_argument(
         "--effective-batch",
@@ -77,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
         "--multiprocessing-context",
         choices=("fork", "spawn", "forkserver"),
         default=None,
-        help="the DataLoader's worker start method",
+        help="the DataLoader's worker start method (default: the platform's)",
     )
     run.add_argument(
         "--no-probe-batch",
@@ -88,44 +117,66 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--remeasure-top",
         type=int,
-        default=3,
-        help="re-measure this many best settings at the end (0: none)",
+        default=StudyConfig.remeasure_top,
+        help="re-measure this many best settings side by side at the end (0: none)",
     )
-    run.add_argument("--remeasure-rounds", type=int, default=2)
+    run.add_argument(
+        "--remeasure-rounds",
+        type=int,
+        default=StudyConfig.remeasure_rounds,
+        help="fresh rounds per re-measured setting; the best is the highest median",
+    )
     add_artifact_dir(run)
-    run.add_argument("--no-progress", dest="progress", action="store_false")
+    run.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no progress bar (the set-up and result lines still print)",
+    )
+    run.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the tuner's diagnostics in the summary: the ceiling, the bound, the model's "
+        "error and the pipeline profile",
+    )
     guard = p.add_argument_group("memory guard")
     guard.add_argument(
         "--memory-limit",
         default=None,
         metavar="SIZE|FRACTION",
-        help="host budget (default 90%% of RAM or the cgroup limit)",
+        help="host budget (default: 90%% of RAM or the cgroup limit)",
     )
     guard.add_argument(
-        "--shm-limit", default=None, metavar="SIZE|FRACTION", help="default 90%% of /dev/shm"
+        "--shm-limit",
+        default=None,
+        metavar="SIZE|FRACTION",
+        help="/dev/shm budget (default: 90%% of /dev/shm)",
     )
     guard.add_argument(
         "--gpu-memory-limit",
         default=None,
         metavar="SIZE|FRACTION",
-        help="default 95%% of the device",
+        help="device budget (default: 95%% of the device)",
     )
     fleet = p.add_argument_group("fleet")
     fleet.add_argument(
         "--heartbeat-interval",
         type=int,
-        default=10,
+        default=StudyConfig.heartbeat_interval,
         help="seconds between a running trial's heartbeats",
     )
     fleet.add_argument(
         "--grace-period",
         type=int,
         default=None,
-        help="seconds without a heartbeat before a trial is failed and retried",
+        help="seconds without a heartbeat before a trial is failed and retried "
+        "(default: Optuna's, twice the heartbeat interval)",
     )
     workload = p.add_argument_group("built-in workloads")
     workload.add_argument(
-        "--model", default=None, help="image: small-cnn (default) or resnet50 (needs torchvision)"
+        "--arch",
+        default=None,
+        help="image: the network, small-cnn (default) or resnet50 (needs torchvision)",
     )
     workload.add_argument(
         "--images", type=int, default=None, help="image: how many JPEGs to generate"
@@ -153,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 _WORKLOAD_FLAGS = {
-    "image": ("model", "images", "resolution", "image_dir"),
+    "image": ("arch", "images", "resolution", "image_dir"),
     "text": ("sequences", "vocab_size", "max_length"),
     "storage": ("samples", "latency_ms"),
 }
@@ -174,9 +225,9 @@ def _objective_options(args: argparse.Namespace) -> dict[str, object]:
     return options
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    config = StudyConfig(
+def config_from_args(args: argparse.Namespace) -> StudyConfig:
+    """The run the parsed flags describe."""
+    return StudyConfig(
         hardware=args.hardware,
         objective=args.objective,
         objective_options=_objective_options(args),
@@ -206,28 +257,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         artifact_dir=args.artifact_dir,
         progress=args.progress,
     )
-    result = run_study(config)
-    if result.best_trial is None and result.trials_run:
-        raise NoResultError(_no_result(result.study))
-    return 0 if result.best_trial is not None or result.trials_run else 1
 
 
-def _no_result(study: optuna.Study) -> str:
-    """Why a run that ran trials has no best: the counts, and the latest error or reason."""
-    trials = study.get_trials(deepcopy=False)
-    counts = Counter(trial.state.name.lower() for trial in trials)
-    why = next(
-        (
-            trial.user_attrs.get("error") or trial.user_attrs.get("pruned_reason")
-            for trial in reversed(trials)
-            if trial.user_attrs.get("error") or trial.user_attrs.get("pruned_reason")
-        ),
-        None,
-    )
-    summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
-    return f"no trial completed in study {study.study_name} ({summary})" + (
-        f"; the last: {why}" if why else ""
-    )
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Run a study from command-line flags; the summary on stdout. Returns the exit code."""
+    args = parser(prog).parse_args(argv)
+    result = run_study(config_from_args(args))
+    best = print_summary(result.study, result.batch_param, out=sys.stdout, verbose=args.verbose)
+    if best is None and result.trials_run:
+        raise NoResultError(no_result_message(result.study))
+    return 0 if best is not None or result.trials_run else 1
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def test_builtin_option_errors() -> None:
     message = _error("image", {"imgs": 8})
     assert "no option 'imgs'" in message and "images, resolution, crop" in message
     assert "must be an integer, got 'many'" in _error("text", {"sequences": "many"})
-    assert "unknown model 'vgg'; known: small-cnn, resnet50" in _error("image", {"model": "vgg"})
+    assert "unknown arch 'vgg'; known: small-cnn, resnet50" in _error("image", {"arch": "vgg"})
 
 
 @pytest.mark.parametrize("attr", ["WORKLOAD", "make_workload"])

@@ -146,7 +146,9 @@ def test_the_json_is_the_documented_shape(image_study: str) -> None:
         "window_samples_per_sec",
         "finished_trials",
     ]
-    assert as_json["dataloader"] == tuner.best_params("auto", "image", image_study)
+    assert as_json["dataloader"] == tuner.best_params(
+        "auto", objective="image", storage=image_study
+    )
     assert as_json["trial"] == setting.trial_number
     assert as_json["samples_per_sec"] == setting.samples_per_sec
     assert as_json["knobs"] == {"collate": "uint8"}
@@ -184,7 +186,7 @@ def test_one_best_everywhere(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     study = remeasured_the_other_way(url)
     study.set_user_attr("profile", {"name": "local-test", "vcpus": 2, "memory_bytes": 2**30})
-    chosen = tuner.best_setting(storage=url, study=study.study_name)
+    chosen = tuner.best_setting(objective="image", storage=url, study_name=study.study_name)
     theirs = optuna_best(study)
     assert theirs is not None and theirs.number != chosen.trial_number
     figure = f"{chosen.samples_per_sec:,.1f} samples/s"
@@ -199,7 +201,13 @@ def test_one_best_everywhere(tmp_path: Path) -> None:
     served = TunerBestStorage(url)
     best = served.get_best_trial(served.get_study_id_from_name(study.study_name))
     assert best.number == chosen.trial_number
-    loaded = tuner.loader(Vectors(), storage=url, study=study.study_name, set_threads=False)
+    loaded = tuner.loader(
+        Vectors(),
+        objective="image",
+        storage=url,
+        study_name=study.study_name,
+        set_threads=False,
+    )
     assert {key: getattr(loaded, key) for key in chosen.dataloader_kwargs} == (
         chosen.dataloader_kwargs
     )

@@ -176,7 +176,7 @@ def test_without_a_study_the_run_trains_with_its_own_loader_and_a_warning(
 def test_a_fit_with_the_callback_trains_with_the_tuned_loader_threads_and_accumulation(
     example: ModuleType, tuned_url: str
 ) -> None:
-    best = best_setting("auto", OBJECTIVE, tuned_url)
+    best = best_setting("auto", objective=OBJECTIVE, storage=tuned_url)
     probe, data = Probe(), example.Data()
     tuned = TunedDataLoaders(objective=OBJECTIVE, storage=tuned_url)
     trainer = L.Trainer(max_steps=3, callbacks=[tuned, probe], **QUIET)
@@ -201,7 +201,9 @@ def test_a_loader_given_to_fit_is_tuned_too(example: ModuleType, tuned_url: str)
         **QUIET,
     )
     trainer.fit(example.Model(), train_dataloaders=data.train_dataloader())
-    workers = best_setting("auto", OBJECTIVE, tuned_url).dataloader_kwargs["num_workers"]
+    workers = best_setting("auto", objective=OBJECTIVE, storage=tuned_url).dataloader_kwargs[
+        "num_workers"
+    ]
     assert {(seen["batch_size"], seen["num_workers"]) for seen in probe.seen} == {(16, workers)}
 
 

@@ -69,7 +69,9 @@ def test_adapt_steps_down_under_pressure_and_back_up(caplog: pytest.LogCaptureFi
 def test_loader_falls_back_to_the_rule_of_thumb(tmp_path: Path) -> None:
     dataset = TensorDataset(torch.arange(16.0))
     with pytest.warns(UserWarning, match="rule of thumb"):
-        loader = tuner.loader(dataset, storage=f"sqlite:///{tmp_path / 'none.db'}", batch_size=4)
+        loader = tuner.loader(
+            dataset, objective="image", storage=f"sqlite:///{tmp_path / 'none.db'}", batch_size=4
+        )
     assert isinstance(loader, DataLoader) and loader.batch_size == 4
     assert loader.num_workers >= 1
 

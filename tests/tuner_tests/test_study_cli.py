@@ -41,8 +41,21 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("study") / "tuner.db"
     result = study_cli(f"sqlite:///{db}", FAST, "--n-trials", "6", "--seed", "0", *GP, *QUICK)
     assert result.returncode == 0, result.stderr
-    assert "best: trial" in result.stdout and "DataLoader(" in result.stdout
+    _shows_the_set_up_then_leads_with_the_answer(result)
     return db
+
+
+def _shows_the_set_up_then_leads_with_the_answer(result: subprocess.CompletedProcess[str]) -> None:
+    """A line per set-up phase on stderr, in order; on stdout the best, its speedups and the
+    code first, the table after, and the tuner's diagnostics only under --verbose."""
+    phases = ["created study", "ceiling: the step alone", "pipeline profile:", "model: bound"]
+    at = [result.stderr.find(phase) for phase in phases]
+    assert -1 not in at and at == sorted(at), result.stderr
+    out = result.stdout
+    order = ["best: trial", "x over pytorch-default", "DataLoader(", "num_workers  batch_size"]
+    at = [out.find(part) for part in order]
+    assert -1 not in at and at == sorted(at), out
+    assert "of the ceiling" not in out and "pipeline: fetch" not in out
 
 
 def test_study_records_what_it_measured(tuned: Path) -> None:
@@ -138,7 +151,7 @@ def test_no_study_is_exit_1_and_creates_nothing(tmp_path: Path) -> None:
     db = tmp_path / "none.db"
     result = run_cli("tuner.best", "--hardware", "auto", "--storage", f"sqlite:///{db}")
     assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and "python -m tuner.study" in result.stderr
+    assert result.stderr.count("\n") == 1 and "dataloader-tuner study" in result.stderr
     assert not db.exists()
 
 
@@ -293,7 +306,15 @@ def test_the_default_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path
     best is queued right after the baselines, every trial carries its prediction and its share
     of the bound, and the summary shows them."""
     db = tmp_path / "tuner.db"
-    flags = ["--samples", "512", "--latency-ms", "4", "--seed", "0"]  # the default strategy
+    flags = [
+        "--samples",
+        "512",
+        "--latency-ms",
+        "4",
+        "--seed",
+        "0",
+        "--verbose",
+    ]  # default strategy
     result = study_cli(f"sqlite:///{db}", "storage", "--n-trials", "7", *flags, *QUICK)
     assert result.returncode == 0, result.stderr
     assert "of the bound" in result.stdout and "pipeline: fetch" in result.stdout

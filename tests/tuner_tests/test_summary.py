@@ -8,6 +8,7 @@ import io
 import optuna
 
 from tuner._attrs import record_remeasured, settings_attrs
+from tuner._naming import CEILING_ATTR
 from tuner.insight._summary import print_summary
 from tuner.search._settings import LoaderSettings
 
@@ -73,3 +74,18 @@ def test_advice_to_raise_num_workers_stands_where_more_were_faster() -> None:
     out = io.StringIO()
     print_summary(study, "batch_size", out)
     assert "raise num_workers (now 1)" in out.getvalue()
+
+
+def test_the_answer_comes_first_and_the_diagnostics_only_when_verbose() -> None:
+    study = _study_with_medians({0: 2365.2, 1: 2333.0, 2: 2229.8}, best=0)
+    study.set_user_attr(CEILING_ATTR, 9000.0)
+    out = io.StringIO()
+    print_summary(study, "batch_size", out)
+    text = out.getvalue()
+    order = ["best: trial 0", "DataLoader(", "trial  samples/s"]
+    assert [text.index(part) for part in order] == sorted(text.index(part) for part in order)
+    assert "of the ceiling" not in text and "predicted" not in text
+    verbose = io.StringIO()
+    print_summary(study, "batch_size", verbose, verbose=True)
+    assert "26% of the ceiling (9,000 samples/s)" in verbose.getvalue()
+    assert "predicted" in verbose.getvalue()

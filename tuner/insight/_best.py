@@ -27,7 +27,7 @@ from objectives import Workload, load_workload
 from storage import default_storage_url, mask_url, open_storage, sqlite_file_missing
 from tuner import machine
 from tuner._attrs import remeasured, study_batch_param, trial_settings
-from tuner._naming import study_name
+from tuner._naming import study_name as study_name_for
 from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._summary import best_trial, trial_throughput
 from tuner.search._settings import LoaderSettings
@@ -226,16 +226,40 @@ def resolve_profile_name(hardware: str, profiles_file: str | None = None) -> str
 
 def best_setting(
     hardware: str = "auto",
-    objective: str = "image",
-    storage: str | None = None,
     *,
+    objective: str,
+    storage: str | None = None,
+    study_name: str | None = None,
     profiles_file: str | None = None,
-    study: str | None = None,
 ) -> BestSetting:
-    """The best setting of ``<objective>@<hardware>``; NoResultError if there is none."""
+    """The best setting stored for ``objective`` on ``hardware``: the whole of it (DataLoader
+    arguments, the main process's intra-op threads, the workload's knobs) and its figures.
+
+    Args:
+        hardware: the profile the study was run for, or ``"auto"`` for this machine's.
+        objective: the study's objective, as it was tuned (``"image"``, ``"mypkg.data:workload"``,
+            ...); required, so no study of another workload is applied by mistake.
+        storage: a database URL; None is ``$TUNER_STORAGE``, else ``sqlite:///tuner.db``.
+        study_name: the study's name; None is ``<objective>@<profile>``.
+        profiles_file: a JSON catalog of more hardware profiles.
+
+    Returns:
+        The study's best (:class:`BestSetting`): the re-measured winner where the study
+        re-measured, else the highest single window.
+
+    Raises:
+        NoResultError: no such study, or no finished trial in it.
+        ValueError: an unknown profile or a storage URL that cannot be opened.
+
+    Example::
+
+        best = tuner.best_setting(objective="mypkg.data:workload")
+        best.apply()  # torch.set_num_threads as tuned
+        loader = DataLoader(dataset, **best.dataloader_kwargs)
+    """
     url = storage or default_storage_url()
-    name = study or study_name(objective, resolve_profile_name(hardware, profiles_file))
-    create = f"python -m tuner.study --hardware {hardware} --objective {objective}"
+    name = study_name or study_name_for(objective, resolve_profile_name(hardware, profiles_file))
+    create = f"dataloader-tuner study --hardware {hardware} --objective {objective}"
     if sqlite_file_missing(url):
         raise NoResultError(f"no study {name} in {mask_url(url)}; create it with: {create}")
     opened = open_storage(url, heartbeat_interval=None)
@@ -252,12 +276,40 @@ def best_setting(
 
 
 def best_params(
-    hardware: str = "auto", objective: str = "image", storage: str | None = None
+    hardware: str = "auto",
+    *,
+    objective: str,
+    storage: str | None = None,
+    study_name: str | None = None,
+    profiles_file: str | None = None,
 ) -> dict[str, Any]:
-    """The best DataLoader keyword arguments for ``objective`` on ``hardware``.
+    """The best DataLoader keyword arguments stored for ``objective`` on ``hardware``.
 
-    Usable as ``DataLoader(dataset, **best_params("g4dn.xlarge"))``; the rest of the setting
-    (threads, knobs) is :func:`best_setting`'s. Raises NoResultError when the study does not
-    exist or has no finished trial.
+    The rest of the setting (intra-op threads, the workload's knobs) is :func:`best_setting`'s,
+    which takes the same arguments.
+
+    Args:
+        hardware: the profile the study was run for, or ``"auto"`` for this machine's.
+        objective: the study's objective, as it was tuned; required.
+        storage: a database URL; None is ``$TUNER_STORAGE``, else ``sqlite:///tuner.db``.
+        study_name: the study's name; None is ``<objective>@<profile>``.
+        profiles_file: a JSON catalog of more hardware profiles.
+
+    Returns:
+        ``num_workers``, ``batch_size``, ``prefetch_factor``, ``pin_memory`` and
+        ``persistent_workers``, to pass as ``DataLoader(dataset, **kwargs)``.
+
+    Raises:
+        NoResultError: no such study, or no finished trial in it.
+
+    Example::
+
+        loader = DataLoader(dataset, **tuner.best_params("g4dn.xlarge", objective="image"))
     """
-    return best_setting(hardware, objective, storage).dataloader_kwargs
+    return best_setting(
+        hardware,
+        objective=objective,
+        storage=storage,
+        study_name=study_name,
+        profiles_file=profiles_file,
+    ).dataloader_kwargs

@@ -1,4 +1,5 @@
-"""The end of a run in the terminal: the top trials, the speedups, the setting to use."""
+"""The end of a run in the terminal: the best, its speedups and the setting to use first, then
+the top trials; the tuner's diagnostics (ceiling, bound, model, profile) only when verbose."""
 
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def _print_pipeline(
         )
     profile = stored_profile(study.user_attrs)
     if profile is not None:
-        print(f"\npipeline: {profile_line(profile)}", file=out)
+        print(f"  pipeline: {profile_line(profile)}", file=out)
 
 
 def study_diagnosis(study: optuna.Study, best: FrozenTrial) -> Diagnosis | None:
@@ -166,8 +167,15 @@ def print_summary(
     batch_param: str,
     out: TextIO,
     top: int = 5,
+    verbose: bool = False,
 ) -> FrozenTrial | None:
-    """Print the table of the top trials, the speedups and the snippet; return the best."""
+    """Print the answer first (the best, its speedups, the code that applies it, the advice),
+    then the top trials; return the best.
+
+    With ``verbose`` the tuner's own diagnostics follow: the share of the ceiling and of the
+    bound, the model's error and the pipeline profile (the dashboard note and the report carry
+    them always).
+    """
     trials = study.get_trials(deepcopy=False)
     counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
     print(
@@ -179,6 +187,52 @@ def print_summary(
         print("no trial completed; see the trials' pruned_reason and error attrs", file=out)
         return None
     medians = remeasured(study)
+    _print_best(study, best, medians, out)
+    settings = trial_settings(best)
+    objective, options = study.user_attrs.get("objective"), study.user_attrs.get("workload_options")
+    print("\n" + dataloader_snippet(settings, batch_param, objective, options), file=out)
+    diagnosis = study_diagnosis(study, best)
+    if diagnosis is not None:
+        print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)
+    _print_table(trials, medians, batch_param, top, verbose, out)
+    if verbose:
+        throughput = trial_throughput(best, medians)
+        ceiling = study.user_attrs.get(CEILING_ATTR)
+        print(f"\ntrial {best.number}:", file=out)
+        if ceiling:
+            share = throughput / float(ceiling)
+            print(f"  {share:.0%} of the ceiling ({float(ceiling):,.0f} samples/s)", file=out)
+        _print_pipeline(study, trials, best, throughput, out)
+    return best
+
+
+def _print_best(
+    study: optuna.Study, best: FrozenTrial, medians: Mapping[int, float], out: TextIO
+) -> None:
+    """The best trial, its figure and its speedups over the baselines."""
+    print(
+        f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s", file=out
+    )
+    rival = _higher_median(best, medians)
+    if rival is not None:
+        print(
+            f"  picked in the race, over more rounds; trial {rival}'s median, over fewer, "
+            "is higher",
+            file=out,
+        )
+    for name, ratio in speedups(study, best).items():
+        print(f"  {ratio:.2f}x over {name}", file=out)
+
+
+def _print_table(
+    trials: list[FrozenTrial],
+    medians: Mapping[int, float],
+    batch_param: str,
+    top: int,
+    verbose: bool,
+    out: TextIO,
+) -> None:
+    """The ``top`` trials by throughput and the baselines; the model's columns when verbose."""
     complete = sorted(
         # A repeat carries its twin's result: one row per setting.
         (t for t in trials if t.state == TrialState.COMPLETE and "repeat_of" not in t.user_attrs),
@@ -202,28 +256,8 @@ def print_summary(
         "of bound",
         "baseline",
     ]
-    print(format_table(headers, rows), file=out)
-    print(
-        f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s", file=out
-    )
-    rival = _higher_median(best, medians)
-    if rival is not None:
-        print(
-            f"  picked in the race, over more rounds; trial {rival}'s median, over fewer, "
-            "is higher",
-            file=out,
-        )
-    for name, ratio in speedups(study, best).items():
-        print(f"  {ratio:.2f}x over {name}", file=out)
-    ceiling = study.user_attrs.get(CEILING_ATTR)
-    if ceiling:
-        share = trial_throughput(best, medians) / float(ceiling)
-        print(f"  {share:.0%} of the ceiling ({float(ceiling):,.0f} samples/s)", file=out)
-    _print_pipeline(study, trials, best, trial_throughput(best, medians), out)
-    diagnosis = study_diagnosis(study, best)
-    if diagnosis is not None:
-        print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)
-    settings = trial_settings(best)
-    objective, options = study.user_attrs.get("objective"), study.user_attrs.get("workload_options")
-    print("\n" + dataloader_snippet(settings, batch_param, objective, options), file=out)
-    return best
+    if not verbose:  # the model's columns are the tuner's diagnostics
+        keep = [i for i, h in enumerate(headers) if h not in ("predicted", "of bound")]
+        headers = [headers[i] for i in keep]
+        rows = [[row[i] for i in keep] for row in rows]
+    print("\n" + format_table(headers, rows), file=out)

@@ -23,7 +23,7 @@ def tuned_training_arguments(
     *,
     objective: str,
     storage: str | None = None,
-    study: str | None = None,
+    study_name: str | None = None,
     set_threads: bool = True,
     profiles_file: str | None = None,
 ) -> Any:
@@ -35,7 +35,13 @@ def tuned_training_arguments(
     logged), since TrainingArguments cannot carry them. Raises ``tuner.NoResultError`` when
     there is no study or no finished trial.
     """
-    best = best_setting(hardware, objective, storage, profiles_file=profiles_file, study=study)
+    best = best_setting(
+        hardware,
+        objective=objective,
+        storage=storage,
+        study_name=study_name,
+        profiles_file=profiles_file,
+    )
     profile = live_profile(hardware, profiles_file)
     best = dataclasses.replace(best, settings=fit_to_machine(best.settings, profile))
     tuned = dataclasses.replace(args, **best.training_arguments())

@@ -83,7 +83,7 @@ class TunedDataLoaders(pl.Callback):
 
     ``objective`` is the ``--objective`` the study ran (``train_lightning.py:workload``; the
     study name keeps only the file's name); ``storage`` defaults to ``TUNER_STORAGE`` or the
-    SQLite file beside the user, ``study`` names another study, as ``--study-name`` does.
+    SQLite file beside the user, ``study_name`` names another study, as ``--study-name`` does.
     ``best`` is the setting applied, fitted to this machine (None before ``setup`` or without
     a study).
     """
@@ -94,14 +94,14 @@ class TunedDataLoaders(pl.Callback):
         *,
         objective: str,
         storage: str | None = None,
-        study: str | None = None,
+        study_name: str | None = None,
         set_threads: bool = True,
         profiles_file: str | None = None,
     ) -> None:
         self.hardware = hardware
         self.objective = objective
         self.storage = storage
-        self.study = study
+        self.study_name = study_name
         self.set_threads = set_threads
         self.profiles_file = profiles_file
         self.best: BestSetting | None = None
@@ -113,10 +113,10 @@ class TunedDataLoaders(pl.Callback):
         try:
             best = best_setting(
                 self.hardware,
-                self.objective,
-                self.storage,
+                objective=self.objective,
+                storage=self.storage,
+                study_name=self.study_name,
                 profiles_file=self.profiles_file,
-                study=self.study,
             )
         except NoResultError as error:
             warnings.warn(

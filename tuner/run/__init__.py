@@ -16,7 +16,7 @@ from __future__ import annotations
 from tuner.run._config import ConfigError, PreparedStudy, StudyConfig, prepare
 from tuner.run._runner import SearchSpaceChanged, TrialRunner
 from tuner.run._samplers import N_STARTUP_TRIALS, SAMPLERS, make_pruner, make_sampler
-from tuner.run._study import StudyResult, run_study
+from tuner.run._study import StudyResult, no_result_message, run_study
 from tuner.run._tools import TrialTools, make_job, make_runner, trial_tools
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "make_pruner",
     "make_runner",
     "make_sampler",
+    "no_result_message",
     "prepare",
     "run_study",
     "trial_tools",

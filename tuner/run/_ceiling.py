@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("tuner")
+_progress = logging.getLogger("tuner.run")
 
 CEILING_WINDOW_S = 0.3
 """Short windows over every batch size: the ceiling is their maximum, so a reading disturbed
@@ -131,6 +132,11 @@ def _measure_ceiling(
 ) -> TrialOutcome:
     """One ceiling child over ``batches`` at one and all of ``space``'s intra-op threads."""
     config = prepared.config
+    _progress.info(
+        "ceiling: the step alone on data already on the device, batch %s..%s",
+        batches[0],
+        batches[-1],
+    )
     job = make_job(prepared, space.main_process_settings(batches[-1])).replace(
         mode=Mode.CEILING,
         batches=tuple(batches),

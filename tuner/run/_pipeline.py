@@ -58,6 +58,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("tuner")
+_progress = logging.getLogger("tuner.run")
 
 WORKER_RANGE_ATTR = "num_workers_max"
 MODEL_SEED_ATTR = "model_seed"
@@ -92,6 +93,7 @@ def profile_pipeline(
         budget_s=PROFILE_BUDGET_S,
         knob_variants=space.knob_variants(),
     )
+    _progress.info("pipeline profile: what a sample, a batch and a step cost here")
     outcome = supervisor.run(job, trial_deadline(prepared.config))
     if outcome.state == "pruned" and is_memory_reason(outcome.reason):
         # Under a tight limit two workers may not fit: one worker gives the same figures.

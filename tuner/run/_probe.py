@@ -36,6 +36,7 @@ __all__ = [
 MAX_BATCH_ATTR = "max_batch_size"
 
 _log = logging.getLogger("tuner.probe")
+_progress = logging.getLogger("tuner.run")
 
 
 class ProbeFailed(RuntimeError):
@@ -149,6 +150,9 @@ def _probe(prepared: PreparedStudy, supervisor: Supervisor) -> int:
     # Memory, not speed, is probed: one intra-op thread, which no machine makes pathological.
     job = make_job(prepared, space.main_process_settings(candidates[0], pin_memory=space.cuda))
     deadline_s = trial_deadline(prepared.config) * 2
+    _progress.info(
+        "probe: the largest batch that fits under the memory limits, up to %d", candidates[-1]
+    )
 
     def probe(batches: list[int]) -> tuple[int | None, str | None]:
         if not batches:

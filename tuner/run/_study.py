@@ -13,10 +13,11 @@ anything is written.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import time
 import warnings
-from typing import TextIO
+from collections import Counter
 
 import optuna
 from optuna.trial import TrialState
@@ -28,8 +29,8 @@ from tuner._attrs import BATCH_PARAM_ATTR, remeasured
 from tuner._naming import BOUND_ATTR, METRIC_NAME, objective_label
 from tuner.fleet._heartbeat import StaleTrials, heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
+from tuner.insight import best_trial
 from tuner.insight._note import save_study_note
-from tuner.insight._summary import print_summary
 from tuner.pipeline import PipelineModel
 from tuner.run import _pipeline
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling, study_space_and_ceiling
@@ -49,61 +50,94 @@ from tuner.search._baselines import enqueue_baselines
 from tuner.search._space import SearchSpace
 from tuner.trial._supervisor import Supervisor
 
-__all__ = ["StudyResult", "run_study"]
+__all__ = ["StudyResult", "no_result_message", "run_study"]
+
+_log = logging.getLogger("tuner.run")
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
 @dataclasses.dataclass
 class StudyResult:
+    """What a run leaves: the study, the trials this process ran, the best (None without a
+    completed trial), the re-measured medians by trial number, and the study's batch parameter."""
+
     study: optuna.Study
     trials_run: int
     best_trial: optuna.trial.FrozenTrial | None
     remeasured: dict[int, float]
+    batch_param: str = "batch_size"
 
 
-def run_study(config: StudyConfig, out: TextIO = sys.stderr) -> StudyResult:
-    """Run the study described by ``config``; see the module docstring for what survives what."""
+def run_study(config: StudyConfig) -> StudyResult:
+    """Run the study described by ``config``; see the module docstring for what survives what.
+
+    What it does is logged as it happens (the ``tuner.run`` logger, INFO: the study, each set-up
+    phase, early stops); the progress bars go to stderr when ``config.progress``. Nothing is
+    written to stdout: the caller prints the summary (``tuner.insight.print_summary``).
+    ``dataloader-tuner study`` and :func:`tuner.tune` both run this.
+    """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         # We run the heartbeat ourselves around ask/tell (see tuner.fleet), which Optuna cannot
         # see.
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-        return _run(config, out)
+        return _run(config)
 
 
-def _run(config: StudyConfig, out: TextIO) -> StudyResult:
+def no_result_message(study: optuna.Study) -> str:
+    """Why a run has no best: the trial counts, and the latest error or pruned reason."""
+    trials = study.get_trials(deepcopy=False)
+    counts = Counter(trial.state.name.lower() for trial in trials)
+    why = next(
+        (
+            trial.user_attrs.get("error") or trial.user_attrs.get("pruned_reason")
+            for trial in reversed(trials)
+            if trial.user_attrs.get("error") or trial.user_attrs.get("pruned_reason")
+        ),
+        None,
+    )
+    summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+    return f"no trial completed in study {study.study_name} ({summary or 'no trial'})" + (
+        f"; the last: {why}" if why else ""
+    )
+
+
+def _run(config: StudyConfig) -> StudyResult:
     prepared = prepare(config)
     study, created = _create_or_resume(prepared)
-    print(
-        f"{'created' if created else 'resuming'} study {prepared.study_name} "
-        f"in {mask_url(config.storage)} (device {prepared.device})",
-        file=out,
+    _log.info(
+        "%s study %s in %s (device %s)",
+        "created" if created else "resuming",
+        prepared.study_name,
+        mask_url(config.storage),
+        prepared.device,
     )
     with trial_tools(prepared) as tools:
         if tools.gpu_reason is not None:
-            print(f"GPU memory guard off ({tools.gpu_reason})", file=out)
+            _log.info("GPU memory guard off (%s)", tools.gpu_reason)
         space, ceiling = study_space_and_ceiling(prepared, study, tools.supervisor)
+        _log_ceiling(space, ceiling)
         model, space = _pipeline_model(prepared, study, tools.supervisor, space)
         if model is None and config.sampler == MODEL_STRATEGY:
-            print("no pipeline model (see the warning above): the search runs as gp", file=out)
+            _log.info("no pipeline model (see the warning above): the search runs as gp")
         runner = make_runner(prepared, tools, space, ceiling, model)
-        _enqueue_first_trials(prepared, study, space, model, out)
+        _enqueue_first_trials(prepared, study, space, model)
         study = _with_sampler(prepared, study)
-        trials_run = _run_trials(prepared, study, runner, out)
+        trials_run = _run_trials(prepared, study, runner)
         medians = remeasure(
             study,
             runner,
             final_candidates(study, config.remeasure_top),
             config.remeasure_rounds,
             config.storage,
-            out,
+            sys.stderr,
             config.progress,
         )
-    best = print_summary(study, space.batch_param, out=sys.stdout)
     with storage_lock(config.storage, prepared.study_name):
         with_retry(lambda: save_study_note(study), "writing the study note")
-    return StudyResult(study, trials_run, best, medians)
+    best = best_trial(study)
+    return StudyResult(study, trials_run, best, medians, space.batch_param)
 
 
 def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
@@ -157,7 +191,24 @@ def _pipeline_model(
     space = _pipeline.model_space(study, config.storage, space, profile, host_limit)
     model = PipelineModel.build(profile, space, host_limit)
     once_per_study(study, config.storage, BOUND_ATTR, lambda: model.bound)
+    _log.info(
+        "model: bound %s samples/s (the most the pipeline allows here); num_workers 0..%d",
+        f"{model.bound:,.0f}",
+        space.max_workers,
+    )
     return model, space
+
+
+def _log_ceiling(space: SearchSpace, ceiling: float | None) -> None:
+    """The set-up's first result: the ceiling, and the largest batch the search tries."""
+    if ceiling is not None:
+        batches = space.batch_choices()
+        _log.info(
+            "ceiling: %s samples/s; batch %d..%d",
+            f"{ceiling:,.0f}",
+            batches[0],
+            batches[-1],
+        )
 
 
 def _enqueue_first_trials(
@@ -165,7 +216,6 @@ def _enqueue_first_trials(
     study: optuna.Study,
     space: SearchSpace,
     model: PipelineModel | None,
-    out: TextIO,
 ) -> None:
     """The baselines, the model's seeds (under ``--sampler model``), then the warm start from
     similar profiles: once per study, under the lock."""
@@ -174,15 +224,14 @@ def _enqueue_first_trials(
         if enqueue_baselines(study, space, prepared.fingerprint.physical_cores):
             if model is not None and config.sampler == MODEL_STRATEGY:
                 _pipeline.enqueue_model_seed(study, space, model)
-                print(
-                    f"model: bound {model.bound:,.0f} samples/s; its predicted best first "
-                    f"({model.predict(model.best):,.0f} samples/s predicted), then its "
+                _log.info(
+                    "model: its predicted best first (%s samples/s predicted), then its "
                     "corrected picks and the best's neighbours",
-                    file=out,
+                    f"{model.predict(model.best):,.0f}",
                 )
             sources = enqueue_warm_start(study, config.objective, prepared.profile, space)
             if sources:
-                print(f"warm start from {', '.join(sources)}", file=out)
+                _log.info("warm start from %s", ", ".join(sources))
 
 
 def _with_sampler(prepared: PreparedStudy, study: optuna.Study) -> optuna.Study:
@@ -197,9 +246,7 @@ def _with_sampler(prepared: PreparedStudy, study: optuna.Study) -> optuna.Study:
     )
 
 
-def _run_trials(
-    prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner, out: TextIO
-) -> int:
+def _run_trials(prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner) -> int:
     """Trials until ``--n-trials``, ``--timeout``, the fleet's total, or the ceiling stop."""
     config = prepared.config
     started = time.monotonic()
@@ -211,7 +258,11 @@ def _run_trials(
         else min(config.n_trials or config.total_trials, config.total_trials)
     )
     with tqdm(
-        total=total, desc=prepared.study_name, file=out, disable=not config.progress, unit="trial"
+        total=total,
+        desc=prepared.study_name,
+        file=sys.stderr,
+        disable=not config.progress,
+        unit="trial",
     ) as bar:
         while config.n_trials is None or trials_run < config.n_trials:
             if config.timeout is not None and time.monotonic() - started >= config.timeout:
@@ -228,13 +279,13 @@ def _run_trials(
             trials_run += 1
             bar.set_postfix_str(_postfix(study, asked.number, state, reason), refresh=False)
             bar.update()
-            runner = _grown(prepared, study, runner, out)
+            runner = _grown(prepared, study, runner)
             stop = _stop_near_ceiling(study, runner, config) or _stop_near_bound(
                 study, runner, config
             )
             if stop is not None:
                 bar.close()
-                print(stop, file=out)
+                _log.info("%s", stop)
                 break
     return trials_run
 
@@ -312,9 +363,7 @@ def _stop_near_bound(study: optuna.Study, runner: TrialRunner, config: StudyConf
     )
 
 
-def _grown(
-    prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner, out: TextIO
-) -> TrialRunner:
+def _grown(prepared: PreparedStudy, study: optuna.Study, runner: TrialRunner) -> TrialRunner:
     """The runner over a wider worker range when the best sits at its edge waiting for data
     with CPUs idle; the same runner otherwise."""
     model = runner.model
@@ -332,7 +381,7 @@ def _grown(
     )
     if grown is None:
         return runner
-    print(f"num_workers range grown to 0..{grown.max_workers}", file=out)
+    _log.info("num_workers range grown to 0..%d", grown.max_workers)
     return dataclasses.replace(runner, space=grown)
 
 
