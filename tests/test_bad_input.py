@@ -221,6 +221,16 @@ REFUSED = [
     Case("device-cuda-without-gpu", study("--device", "cuda"), "CUDA is not available"),
     Case("device-unknown", study("--device", "tpu"), "--device must be auto, cpu or cuda"),
     Case(
+        "nproc-per-node-zero",
+        study("--nproc-per-node", "0"),
+        "--nproc-per-node must be a positive count or auto, got '0'",
+    ),
+    Case(
+        "nproc-per-node-with-an-unshardable-sampler",
+        study("--objective", f"{W}:own_sampler", "--nproc-per-node", "2"),
+        "has its own sampler, which cannot be sharded",
+    ),
+    Case(
         "image-flag-for-text",
         study("--objective", "text", "--arch", "resnet50"),
         "--arch applies to --objective image only",

@@ -11,6 +11,7 @@ __all__ = [
     "CEILING_ATTR",
     "MEMORY_REASONS",
     "METRIC_NAME",
+    "NPROC_ATTR",
     "REMEASURED_ATTR",
     "SETTINGS_ATTR",
     "SKIPPED_FOR_MEMORY_REASONS",
@@ -29,6 +30,8 @@ BASELINE_RULE_OF_THUMB = "rule-of-thumb"
 METRIC_NAME = "samples_per_sec"
 REMEASURED_ATTR = "remeasured_samples_per_sec"
 """Study user attr: trial number (as text) -> median samples/sec re-measured side by side."""
+NPROC_ATTR = "nproc_per_node"
+"""Study user attr: the ranks per node its trials ran (``torchrun --nproc-per-node``)."""
 SETTINGS_ATTR = "settings"
 """Trial user attr: the complete setting it measured; read and written through tuner._attrs."""
 CEILING_ATTR = "ceiling_samples_per_sec"
@@ -58,9 +61,13 @@ def objective_label(objective: str) -> str:
     return objective
 
 
-def study_name(objective: str, profile: str) -> str:
-    """``<objective>@<hardware profile>``: one study per workload and profile."""
-    return f"{objective_label(objective)}@{profile}"
+def study_name(objective: str, profile: str, ranks: int = 1) -> str:
+    """``<objective>@<hardware profile>``: one study per workload and profile, and per rank
+    count: ``<objective>@<profile>-x<N>ranks`` where ``N`` training processes share the node
+    (``image@g4dn.12xlarge-x4ranks``), as each rank's best setting depends on how many share it.
+    """
+    name = f"{objective_label(objective)}@{profile}"
+    return name if ranks == 1 else f"{name}-x{ranks}ranks"
 
 
 def is_memory_reason(reason: str | None) -> bool:

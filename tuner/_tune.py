@@ -51,6 +51,7 @@ def tune(
     grace_period: int | None = None,
     artifact_dir: str | None = None,
     show_progress_bar: bool = False,
+    nproc_per_node: int | str = 1,
 ) -> BestSetting:
     """Tune ``objective``'s DataLoader on this machine and return the best setting.
 
@@ -93,6 +94,9 @@ def tune(
         artifact_dir: the trials' artifact store; None for ``tuner-artifacts`` beside an
             SQLite file, else ``./tuner-artifacts``.
         show_progress_bar: a progress bar on stderr.
+        nproc_per_node: training processes per node, as ``torchrun --nproc-per-node``: each
+            trial runs that many ranks, and the study is that rank count's; ``"auto"`` is the
+            CUDA GPU count, else 1.
 
     Returns:
         The study's best setting (:class:`BestSetting`), as :func:`tuner.best_setting` reads
@@ -140,6 +144,7 @@ def tune(
         profiles_file=profiles_file,
         artifact_dir=artifact_dir,
         progress=show_progress_bar,
+        nproc_per_node=nproc_per_node,
     )
     result = run_study(config)
     best = study_best(result.study)

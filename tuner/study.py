@@ -57,6 +57,13 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="where the step runs: auto (cuda if present), cpu, cuda[:N]",
     )
     run.add_argument(
+        "--nproc-per-node",
+        default="1",
+        metavar="N|auto",
+        help="training processes per node, as torchrun's flag: each trial runs N ranks, each its "
+        "own DataLoader over its DistributedSampler shard; auto is the CUDA GPU count, else 1",
+    )
+    run.add_argument(
         "--seed",
         type=int,
         default=None,
@@ -256,6 +263,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         profiles_file=args.profiles,
         artifact_dir=args.artifact_dir,
         progress=args.progress,
+        nproc_per_node=args.nproc_per_node,
     )
 
 

@@ -333,3 +333,41 @@ def no_batch() -> Workload:
 
 def not_a_workload() -> None:
     """A factory that forgot to return its Workload."""
+
+
+# --- ranks per node (tests/tuner_tests/test_ranks.py) ------------------------------------------
+
+
+def _rank_one_raising_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("rank 1's loss is NaN")
+
+
+def rank_one_raising() -> Workload:
+    """A step that fails in rank 1 only: the whole multi-rank trial fails with its error."""
+    return Workload(
+        name="rank_one_raising", dataset=Vectors(), step=_rank_one_raising_step,
+        batch_size_range=(8, 8),
+    )  # fmt: skip
+
+
+def _rank_one_dying_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    if os.environ.get("RANK") == "1":
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+
+
+def rank_one_dying() -> Workload:
+    """A step that SIGKILLs rank 1: the trial is pruned as a killed process is."""
+    return Workload(
+        name="rank_one_dying", dataset=Vectors(), step=_rank_one_dying_step,
+        batch_size_range=(8, 8),
+    )  # fmt: skip
+
+
+def own_sampler() -> Workload:
+    """A workload with its own sampler, which the tuner cannot shard over ranks."""
+    dataset = Vectors()
+    return Workload(
+        name="own_sampler", dataset=dataset, step=_sum_step,
+        sampler=torch.utils.data.SequentialSampler(dataset),
+    )  # fmt: skip

@@ -13,7 +13,13 @@ candidates side by side.
 
 from __future__ import annotations
 
-from tuner.run._config import ConfigError, PreparedStudy, StudyConfig, prepare
+from tuner.run._config import (
+    ConfigError,
+    PreparedStudy,
+    StudyConfig,
+    prepare,
+    resolve_nproc_per_node,
+)
 from tuner.run._runner import SearchSpaceChanged, TrialRunner
 from tuner.run._samplers import N_STARTUP_TRIALS, SAMPLERS, make_pruner, make_sampler
 from tuner.run._study import StudyResult, no_result_message, run_study
@@ -35,6 +41,7 @@ __all__ = [
     "make_sampler",
     "no_result_message",
     "prepare",
+    "resolve_nproc_per_node",
     "run_study",
     "trial_tools",
 ]

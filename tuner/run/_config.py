@@ -22,9 +22,16 @@ from tuner import machine
 from tuner._naming import study_name
 from tuner.run._samplers import SAMPLERS
 from tuner.search._space import SearchSpace, SpaceError
-from tuner.trial._guard import GuardLimits, default_limits
+from tuner.trial import GuardLimits, default_limits, shard_error
 
-__all__ = ["ConfigError", "PreparedStudy", "StudyConfig", "prepare", "trial_deadline"]
+__all__ = [
+    "ConfigError",
+    "PreparedStudy",
+    "StudyConfig",
+    "prepare",
+    "resolve_nproc_per_node",
+    "trial_deadline",
+]
 
 _log = logging.getLogger("tuner")
 
@@ -63,6 +70,9 @@ class StudyConfig:
     profiles_file: str | None = None
     artifact_dir: str | None = None
     progress: bool = True
+    nproc_per_node: int | str = 1
+    """Training processes per node, as ``torchrun --nproc-per-node``: a count, or ``auto``
+    (the CUDA GPUs, else 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +88,8 @@ class PreparedStudy:
     limits: GuardLimits
     storage: BaseStorage
     study_name: str
+    nproc_per_node: int = 1
+    """Ranks per node a trial measures (:func:`resolve_nproc_per_node`)."""
     gpu_index: int | None = None
     """The NVML index of ``device`` (:func:`~tuner.machine.nvml_index_of`): the GPU the guard
     and the telemetry read; None off CUDA or where NVML sees no GPU."""
@@ -120,6 +132,32 @@ def _check_numbers(config: StudyConfig) -> None:
             raise ConfigError(
                 f"--{name.replace('_', '-')} must not be negative, got {getattr(config, name)}"
             )
+
+
+def resolve_nproc_per_node(requested: int | str, device: str) -> int:
+    """The rank count ``--nproc-per-node`` names: ``auto`` is the CUDA GPU count on CUDA, else
+    1; a count must be positive, and on CUDA at most the GPUs (one device per rank)."""
+    if requested == "auto":
+        return torch.cuda.device_count() if device.startswith("cuda") else 1
+    try:
+        ranks = int(requested)
+    except ValueError:
+        ranks = 0
+    if ranks < 1:
+        raise ConfigError(f"--nproc-per-node must be a positive count or auto, got {requested!r}")
+    if device.startswith("cuda") and ranks > torch.cuda.device_count():
+        raise ConfigError(
+            f"--nproc-per-node {ranks}: this machine has {torch.cuda.device_count()} CUDA GPUs "
+            "(one per rank)"
+        )
+    return ranks
+
+
+def _check_shardable(workload: Workload, ranks: int) -> None:
+    """More than one rank draws from shards of the dataset: refused where there are none."""
+    error = shard_error(workload) if ranks > 1 else None
+    if error is not None:
+        raise ConfigError(f"--nproc-per-node {ranks}: {error}")
 
 
 def _check_dataset(workload: Workload) -> None:
@@ -202,6 +240,8 @@ def prepare(config: StudyConfig) -> PreparedStudy:
     workload = load_workload(config.objective, config.objective_options)
     _check_dataset(workload)
     device = _resolve_device(config.device)
+    ranks = resolve_nproc_per_node(config.nproc_per_node, device)
+    _check_shardable(workload, ranks)
     space = _build_space(config, workload, fingerprint, profile, device)
     gpu_index, gpu_total = _gpu_device(device)
     limits = _limits(config, gpu_total)
@@ -210,7 +250,17 @@ def prepare(config: StudyConfig) -> PreparedStudy:
         heartbeat_interval=config.heartbeat_interval,
         grace_period=config.grace_period,
     )
-    name = config.study_name or study_name(config.objective, profile.name)
+    name = config.study_name or study_name(config.objective, profile.name, ranks)
     return PreparedStudy(
-        config, profile, fingerprint, workload, space, device, limits, storage, name, gpu_index
+        config,
+        profile,
+        fingerprint,
+        workload,
+        space,
+        device,
+        limits,
+        storage,
+        name,
+        ranks,
+        gpu_index,
     )

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
 from tuner._attrs import BATCH_PARAM_ATTR, remeasured
-from tuner._naming import BOUND_ATTR, METRIC_NAME, objective_label
+from tuner._naming import BOUND_ATTR, METRIC_NAME, NPROC_ATTR, objective_label
 from tuner.fleet._heartbeat import StaleTrials, heartbeat
 from tuner.fleet._warm_start import enqueue_warm_start
 from tuner.insight import best_trial
@@ -159,6 +159,7 @@ def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
             study.set_user_attr(BATCH_PARAM_ATTR, prepared.workload.batch_param)
             study.set_user_attr("workload_options", config.objective_options)
             study.set_user_attr("tuner_version", __version__)
+            study.set_user_attr(NPROC_ATTR, prepared.nproc_per_node)
         _check_same_objective(prepared, study)
         stored_options = study.user_attrs.get("workload_options", {})
         if stored_options != config.objective_options:
@@ -170,8 +171,15 @@ def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
 
 
 def _check_same_objective(prepared: PreparedStudy, study: optuna.Study) -> None:
-    """Refuse to add trials of one workload to a study another workload created (a reused
-    ``--study-name``): their samples/sec are not comparable. File paths compare by file name."""
+    """Refuse to add trials of one workload, or one rank count, to a study another created (a
+    reused ``--study-name``): their samples/sec are not comparable. File paths compare by file
+    name."""
+    ranks = study.user_attrs.get(NPROC_ATTR, 1)
+    if ranks != prepared.nproc_per_node:
+        raise ConfigError(
+            f"study {prepared.study_name} was tuned for --nproc-per-node {ranks}; "
+            f"use --nproc-per-node {ranks} or another --study-name"
+        )
     stored = study.user_attrs.get("objective")
     if stored is not None and objective_label(stored) != objective_label(prepared.config.objective):
         raise ConfigError(

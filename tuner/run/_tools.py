@@ -78,6 +78,7 @@ def make_job(prepared: PreparedStudy, settings: LoaderSettings, mode: Mode = Mod
         warmup_s=config.warmup_seconds,
         seed=config.seed or 0,
         sys_path=tuple(sys.path),
+        nproc_per_node=prepared.nproc_per_node if mode is Mode.MEASURE else 1,
     )
 
 

@@ -19,7 +19,9 @@ import multiprocessing
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
@@ -31,6 +33,7 @@ from tuner.trial._measure import measure, synchronize
 from tuner.trial._outcome import classify_error, one_line
 from tuner.trial._pipeline import measure_pipeline
 from tuner.trial._protocol import Failure, Fits, Job, Mode, Progress, Result
+from tuner.trial._ranks import run_ranks
 
 __all__ = ["run_child"]
 
@@ -39,20 +42,36 @@ def _workload(job: Job) -> Workload:
     return load_workload(job.objective, job.options).with_knobs(job.settings.knobs)
 
 
-def _measure(conn: Connection, job: Job) -> None:
+def _measure_in(
+    conn: Connection,
+    workload: Workload,
+    job: Job,
+    device: torch.device,
+    before_window: Callable[[], Any] | None = None,
+) -> None:
+    """Measure in this process; progress and the result over ``conn``."""
+
     def progress(elapsed_s: float, samples_per_sec: float, data_wait_fraction: float) -> None:
         conn.send(Progress(elapsed_s, samples_per_sec, data_wait_fraction))
 
     result = measure(
-        _workload(job),
+        workload,
         job.settings,
-        torch.device(job.device),
+        device,
         window_s=job.window_s,
         warmup_s=job.warmup_s,
         seed=job.seed,
         progress=progress,
+        before_window=before_window,
     )
     conn.send(Result(result.to_attrs()))
+
+
+def _measure(conn: Connection, job: Job) -> None:
+    if job.nproc_per_node > 1:
+        run_ranks(conn, _measure_in, _workload(job), job)
+    else:
+        _measure_in(conn, _workload(job), job, torch.device(job.device))
 
 
 def _probe(conn: Connection, job: Job) -> None:

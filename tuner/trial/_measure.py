@@ -338,8 +338,13 @@ def measure(
     progress: ProgressCallback | None = None,
     progress_interval_s: float = 0.5,
     min_warmup_batches: int = 2,
+    before_window: Callable[[], Any] | None = None,
 ) -> Measurement:
-    """Measure samples/sec of ``workload`` under ``settings`` over ``window_s`` seconds."""
+    """Measure samples/sec of ``workload`` under ``settings`` over ``window_s`` seconds.
+
+    ``before_window`` runs between the warm-up and the window: the ranks of a node meet there
+    (a barrier), so their windows start together.
+    """
     torch.manual_seed(seed)
     torch.set_num_threads(settings.torch_num_threads)
     samples_per_batch = epoch_mean_batch(workload, settings, seed)
@@ -361,6 +366,8 @@ def measure(
             loop.step(heaviest)
             del heaviest
         loop.warm_up(warmup_s, min_warmup_batches)
+        if before_window is not None:
+            before_window()
         window = _run_window(loop, window_s, samples_per_batch, progress, progress_interval_s)
         if settings.reforks_workers and not stream.epochs:
             stream.start_epoch()

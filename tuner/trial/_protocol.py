@@ -58,6 +58,9 @@ class Job:
     """The study's working directory, so relative paths in a workload mean the same there."""
     sys_path: tuple[str, ...] = ()
     """The study's ``sys.path``, so ``module:attr`` objectives import in the child as here."""
+    nproc_per_node: int = 1
+    """Ranks a measurement runs in, as ``torchrun --nproc-per-node`` (:mod:`tuner.trial._ranks`);
+    the other modes run one process."""
 
     def replace(self, **changes: Any) -> Job:
         return dataclasses.replace(self, **changes)

@@ -1,0 +1,167 @@
+"""Ranks per node: a study's trials run N real rank processes (gloo on this CPU machine), as
+``torchrun --nproc-per-node N`` starts training, and the study is that rank count's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+
+from objectives import Workload
+from tests.conftest import QUICK_TRIALS, ROOT, study_cli
+from tests.tuner_tests import workloads
+from tests.tuner_tests.test_killed_study import GONE_WITHIN_S, StudyDb, _alive, _descendants
+from tuner._naming import study_name
+from tuner.run import ConfigError, resolve_nproc_per_node
+from tuner.trial import RANK_ATTRS, shard_error
+from tuner.trial._ranks import node_attrs
+
+W = "tests.tuner_tests.workloads"
+ONE_WINDOW = ("--no-probe-batch", "--remeasure-top", "0", "--sampler", "random", "--seed", "0")
+
+
+def test_the_rank_count_is_part_of_the_study_name() -> None:
+    assert study_name("image", "g4dn.12xlarge") == "image@g4dn.12xlarge"
+    assert study_name("image", "g4dn.12xlarge", 4) == "image@g4dn.12xlarge-x4ranks"
+
+
+def test_nproc_per_node_auto_is_one_off_cuda_and_a_count_must_be_positive() -> None:
+    assert resolve_nproc_per_node("auto", "cpu") == 1
+    assert resolve_nproc_per_node("3", "cpu") == 3
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(ConfigError, match="--nproc-per-node must be a positive count"):
+            resolve_nproc_per_node(bad, "cpu")
+
+
+def test_a_workload_with_its_own_sampler_cannot_be_sharded() -> None:
+    assert shard_error(workloads.fast()) is None
+    error = shard_error(workloads.own_sampler())
+    assert error is not None and "own sampler" in error
+    text = workloads.fast()
+    with_batch_sampler = Workload(
+        name="bucketed", dataset=text.dataset, batch_sampler=lambda d, b, s: [], batch_param="x"
+    )
+    assert "batch sampler" in str(shard_error(with_batch_sampler))
+
+
+def test_node_figure_is_the_sum_of_the_ranks() -> None:
+    ranks = [
+        {"samples_per_sec": 100.0, "samples": 300, "batches": 10, "data_wait_fraction": 0.2,
+         "own_peak_host_memory_bytes": 5, "window_s": 3.0, "window_started_at": 10.0},
+        {"samples_per_sec": 120.0, "samples": 360, "batches": 12, "data_wait_fraction": 0.4,
+         "own_peak_host_memory_bytes": 7, "window_s": 3.1, "window_started_at": 10.1},
+    ]  # fmt: skip
+    attrs = node_attrs(ranks)
+    assert attrs["samples_per_sec"] == 220.0
+    assert attrs["samples"] == 660 and attrs["batches"] == 22
+    assert attrs["own_peak_host_memory_bytes"] == 12
+    assert attrs["data_wait_fraction"] == pytest.approx(0.3)
+    assert attrs[RANK_ATTRS[0]] == [100.0, 120.0]
+    assert attrs[RANK_ATTRS[1]] == [0.2, 0.4]
+    assert attrs["nproc_per_node"] == 2
+
+
+def _study(db: Path) -> optuna.Study:
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{db}")
+    return optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{db}")
+
+
+@pytest.mark.slow
+def test_a_two_rank_study_runs_two_real_ranks(tmp_path: Path) -> None:
+    db = tmp_path / "tuner.db"
+    result = study_cli(
+        f"sqlite:///{db}", "storage", "--samples", "256", "--nproc-per-node", "2",
+        "--n-trials", "2", *ONE_WINDOW,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    study = _study(db)
+    assert study.study_name.endswith("-x2ranks")
+    assert study.user_attrs["nproc_per_node"] == 2
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete
+    for trial in complete:
+        rates = trial.user_attrs["rank_samples_per_sec"]
+        assert len(rates) == 2 and all(rate > 0 for rate in rates)
+        assert len(trial.user_attrs["rank_data_wait_fraction"]) == 2
+        assert trial.value == pytest.approx(sum(rates))
+        assert trial.user_attrs["nproc_per_node"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("objective", "state", "said"),
+    [
+        ("rank_one_raising", "FAIL", "rank 1: RuntimeError: rank 1's loss is NaN"),
+        ("rank_one_dying", "PRUNED", "rank 1 was trial_killed: SIGKILL"),
+    ],
+)
+def test_a_failing_rank_ends_the_trial_with_its_reason(
+    tmp_path: Path, objective: str, state: str, said: str
+) -> None:
+    db = tmp_path / "tuner.db"
+    result = study_cli(
+        f"sqlite:///{db}", f"{W}:{objective}", "--nproc-per-node", "2", "--n-trials", "1",
+        *ONE_WINDOW,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr
+    trials = [t for t in _study(db).trials if t.state.name != "WAITING"]  # a queued baseline
+    assert trials
+    for trial in trials:
+        assert trial.state.name == state
+        assert said in trial.user_attrs["error"]
+
+
+def _ranks_running(study: psutil.Process) -> list[psutil.Process]:
+    """The rank processes: children of a trial child (which leads its own process group)."""
+    for process in _descendants(study):
+        try:
+            if os.getpgid(process.pid) == process.pid and len(process.children()) >= 2:
+                return process.children()
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return []
+
+
+@pytest.mark.slow
+def test_a_killed_two_rank_study_leaves_no_process(tmp_path: Path) -> None:
+    db = tmp_path / "tuner.db"
+    command = [
+        sys.executable, "-m", "tuner.study", "--objective", f"{W}:slow",
+        "--storage", f"sqlite:///{db}", "--nproc-per-node", "2", "--n-trials", "3",
+        *ONE_WINDOW, *QUICK_TRIALS,
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    study = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
+    try:
+        root, deadline = psutil.Process(study.pid), time.monotonic() + 300
+        while not any(_descendants(rank) for rank in _ranks_running(root)):  # ranks with workers
+            assert study.poll() is None and time.monotonic() < deadline, StudyDb(db).trial_states()
+            time.sleep(0.02)
+        tree = [root, *_descendants(root)]
+        study.send_signal(signal.SIGKILL)
+        study.wait()
+        time.sleep(GONE_WITHIN_S)
+        survivors = _alive(tree)
+    finally:
+        if study.poll() is None:
+            study.kill()
+            study.wait()
+    for process in survivors:
+        process.kill()
+    assert len(tree) >= 6  # the study, the forkserver, the trial child, 2 ranks, their workers
+    assert not survivors, [p.pid for p in survivors]
+
+
+def test_more_ranks_than_cuda_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    assert resolve_nproc_per_node("auto", "cuda") == 2
+    assert resolve_nproc_per_node("2", "cuda") == 2
+    with pytest.raises(ConfigError, match="this machine has 2 CUDA GPUs"):
+        resolve_nproc_per_node("3", "cuda")
