@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -165,3 +166,51 @@ def test_more_ranks_than_cuda_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -
     assert resolve_nproc_per_node("2", "cuda") == 2
     with pytest.raises(ConfigError, match="this machine has 2 CUDA GPUs"):
         resolve_nproc_per_node("3", "cuda")
+
+
+# --- the space, the baselines, the model and the bound per rank ---------------------------------
+
+
+def test_the_model_predicts_the_node_as_ranks_each_on_their_share() -> None:
+    from tests.tuner_tests.pipeline.test_model import _cpu_bound, _settings, _space
+    from tuner.pipeline import predict
+
+    space = _space()
+    node, one_rank = _cpu_bound(), _cpu_bound()
+    node = dataclasses.replace(node, usable_cores=4.0, ranks=2)
+    alone = dataclasses.replace(
+        one_rank, usable_cores=2.0, dataset_samples=one_rank.dataset_samples // 2
+    )
+    for workers in (0, 1, 2, 4):
+        settings = _settings(space, workers)
+        assert predict(node, settings).samples_per_sec == pytest.approx(
+            2 * predict(alone, settings).samples_per_sec
+        )
+
+
+def test_the_baselines_share_the_cores_among_the_ranks() -> None:
+    from tests.tuner_tests.pipeline.test_model import _space
+    from tuner.search import baseline_settings, rule_of_thumb_workers
+
+    assert rule_of_thumb_workers(48) == 36
+    assert rule_of_thumb_workers(48, 4) == 9
+    assert rule_of_thumb_workers(2, 4) == 1
+    space = _space(max_workers=64)
+    one, four = baseline_settings(space, 48), baseline_settings(space, 48, 4)
+    assert one["rule-of-thumb"].num_workers == 36 and four["rule-of-thumb"].num_workers == 9
+    # torchrun sets OMP_NUM_THREADS=1 for each of several ranks
+    assert four["pytorch-default"].torch_num_threads == 1
+    assert one["pytorch-default"].torch_num_threads == space.max_threads
+
+
+def test_each_ranks_space_has_its_share_of_the_cores(tmp_path: Path) -> None:
+    from tuner import machine
+    from tuner.run import StudyConfig, prepare
+
+    fingerprint = machine.detect_fingerprint()
+    config = dict(objective=f"{W}:fast", storage=f"sqlite:///{tmp_path / 't.db'}", device="cpu")
+    one = prepare(StudyConfig(**config))
+    two = prepare(StudyConfig(**config, nproc_per_node=2))
+    assert two.nproc_per_node == 2 and two.study_name == one.study_name + "-x2ranks"
+    assert two.space.max_workers == one.space.max_workers // 2
+    assert two.space.max_threads == max(1, fingerprint.usable_cpus // 2)

@@ -156,14 +156,33 @@ def _costs(profile: PipelineProfile) -> tuple[float, float, float]:
 
 
 def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
-    """Predicted samples/sec of ``settings``, from the profile alone (rates over one epoch),
-    with its knobs' own costs where they were profiled."""
+    """Predicted samples/sec of ``settings`` for the node, from the profile alone (rates over
+    one epoch), with its knobs' own costs where they were profiled: under
+    :attr:`~tuner.pipeline.PipelineProfile.ranks` ranks, one rank's rate on its share of the
+    cores and its shard of the epoch, times the ranks (they run the same setting side by side,
+    as a multi-rank trial measures them)."""
+    rank = _rank_prediction(profile, settings)
+    ranks = max(1, profile.ranks)
+    if ranks == 1:
+        return rank
+    return dataclasses.replace(
+        rank,
+        samples_per_sec=rank.samples_per_sec * ranks,
+        producer=rank.producer * ranks,
+        consumer=rank.consumer * ranks,
+        cpu=rank.cpu * ranks,
+        ideal_samples_per_sec=rank.ideal_samples_per_sec * ranks,
+    )
+
+
+def _rank_prediction(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
+    """One rank's samples/sec of ``settings``."""
     profile = profile.for_knobs(settings.knobs)
     batch, threads, workers = settings.batch, settings.torch_num_threads, settings.num_workers
     step_rate = _step(profile.step_rates, threads, batch) or math.inf
     step_cpu = _step(profile.step_cpu_s, threads, batch) or 0.0
     samples = _samples(profile, batch)
-    epoch = max(1.0, float(profile.dataset_samples))
+    epoch = max(1.0, float(profile.dataset_samples) / max(1, profile.ranks))  # the rank's shard
     if workers == 0:
         per_sample = profile.fetch_alone_s + profile.collate_s + profile.transfer_s + 1 / step_rate
         rate = 1 / per_sample

@@ -155,14 +155,16 @@ def _step_figures(prepared: PreparedStudy, study: optuna.Study, outcome: TrialOu
         if key in outcome.attrs:
             value = outcome.attrs[key]
             once_per_study(study, prepared.config.storage, key, lambda value=value: value)
-    return float(outcome.attrs[CEILING_ATTR])
+    # The child steps as one rank (its share of the threads); the node's ranks step side by side.
+    return float(outcome.attrs[CEILING_ATTR]) * prepared.nproc_per_node
 
 
 def study_ceiling(
     prepared: PreparedStudy, study: optuna.Study, supervisor: Supervisor, space: SearchSpace
 ) -> float | None:
     """The study's ``ceiling_samples_per_sec``: the step alone on prepared data, measured once,
-    over every batch value of ``space`` and at one and all intra-op threads."""
+    over every batch value of ``space`` and at one and all intra-op threads; for the node,
+    under N ranks (one rank's rate times N)."""
 
     def measure() -> float | None:
         batches = space.batch_choices()

@@ -185,12 +185,15 @@ def _build_space(
     fingerprint: machine.Fingerprint,
     profile: machine.Profile,
     device: str,
+    ranks: int = 1,
 ) -> SearchSpace:
-    max_workers = max(0, min(2 * fingerprint.logical_cpus, 2 * profile.vcpus))
+    """One rank's space: ``ranks`` training processes share the node's cores, so each rank's
+    workers and intra-op threads range over its share of them."""
+    max_workers = max(0, min(2 * fingerprint.logical_cpus, 2 * profile.vcpus) // ranks)
     space = SearchSpace(
         workload=workload,
         max_workers=max_workers,
-        max_threads=max(1, fingerprint.usable_cpus),
+        max_threads=max(1, fingerprint.usable_cpus // ranks),
         cuda=device.startswith("cuda"),
         effective_batch=config.effective_batch,
         multiprocessing_context=config.multiprocessing_context,
@@ -242,7 +245,7 @@ def prepare(config: StudyConfig) -> PreparedStudy:
     device = _resolve_device(config.device)
     ranks = resolve_nproc_per_node(config.nproc_per_node, device)
     _check_shardable(workload, ranks)
-    space = _build_space(config, workload, fingerprint, profile, device)
+    space = _build_space(config, workload, fingerprint, profile, device, ranks)
     gpu_index, gpu_total = _gpu_device(device)
     limits = _limits(config, gpu_total)
     storage = open_storage(

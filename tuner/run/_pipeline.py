@@ -105,6 +105,7 @@ def profile_pipeline(
         {
             **outcome.attrs,
             "usable_cores": float(prepared.fingerprint.usable_cpus),
+            "ranks": prepared.nproc_per_node,
             "step_rates": attrs[STEP_RATES_ATTR],
             "step_cpu_s": attrs[STEP_CPU_ATTR],
             "step_peak_bytes": attrs.get(STEP_PEAK_ATTR, {}),

@@ -196,6 +196,8 @@ def _pipeline_model(
     if profile is None:
         return None, space
     config, host_limit = prepared.config, prepared.limits.host_bytes
+    if host_limit is not None:  # the ranks share the host's memory: each models its share
+        host_limit //= prepared.nproc_per_node
     space = _pipeline.model_space(study, config.storage, space, profile, host_limit)
     model = PipelineModel.build(profile, space, host_limit)
     once_per_study(study, config.storage, BOUND_ATTR, lambda: model.bound)
@@ -229,7 +231,9 @@ def _enqueue_first_trials(
     similar profiles: once per study, under the lock."""
     config = prepared.config
     with storage_lock(config.storage, prepared.study_name):
-        if enqueue_baselines(study, space, prepared.fingerprint.physical_cores):
+        if enqueue_baselines(
+            study, space, prepared.fingerprint.physical_cores, prepared.nproc_per_node
+        ):
             if model is not None and config.sampler == MODEL_STRATEGY:
                 _pipeline.enqueue_model_seed(study, space, model)
                 _log.info(

@@ -20,17 +20,22 @@ from tuner.search._space import MAX_PREFETCH_FACTOR, SearchSpace
 __all__ = ["baseline_settings", "enqueue_baselines", "enqueue_settings", "rule_of_thumb_workers"]
 
 
-def rule_of_thumb_workers(physical_cores: int) -> int:
-    """3/4 of the physical cores, at least one worker."""
-    return max(1, round(physical_cores * 3 / 4))
+def rule_of_thumb_workers(physical_cores: int, ranks: int = 1) -> int:
+    """3/4 of the physical cores, shared out among ``ranks`` training processes; at least one
+    worker per rank."""
+    return max(1, round(physical_cores * 3 / 4 / ranks))
 
 
-def baseline_settings(space: SearchSpace, physical_cores: int) -> dict[str, LoaderSettings]:
-    """The baselines on this space: PyTorch's defaults and the rule of thumb."""
+def baseline_settings(
+    space: SearchSpace, physical_cores: int, ranks: int = 1
+) -> dict[str, LoaderSettings]:
+    """The baselines on this space (one rank's, of ``ranks``): PyTorch's defaults and the rule
+    of thumb. Intra-op threads are torch's default: one per usable core of the rank's share,
+    and one under several ranks, where torchrun sets ``OMP_NUM_THREADS=1``."""
     batch = space.clamp_batch(space.workload.default_batch_size)
     knobs = space.base_knobs
-    threads = space.max_threads  # torch's own default: one intra-op thread per usable core
-    workers = min(space.max_workers, rule_of_thumb_workers(physical_cores))
+    threads = space.max_threads if ranks == 1 else 1
+    workers = min(space.max_workers, rule_of_thumb_workers(physical_cores, ranks))
     return {
         BASELINE_PYTORCH_DEFAULT: _trained_with_today(space, batch, threads, knobs),
         BASELINE_RULE_OF_THUMB: space.settings(workers, batch, 2, True, space.cuda, threads, knobs),
@@ -62,11 +67,13 @@ def enqueue_settings(
     )
 
 
-def enqueue_baselines(study: optuna.Study, space: SearchSpace, physical_cores: int) -> bool:
+def enqueue_baselines(
+    study: optuna.Study, space: SearchSpace, physical_cores: int, ranks: int = 1
+) -> bool:
     """Queue the baselines unless the study already has them; the caller holds the study lock."""
     trials = study.get_trials(deepcopy=False)
     if any("baseline" in trial.user_attrs for trial in trials):
         return False
-    for name, settings in baseline_settings(space, physical_cores).items():
+    for name, settings in baseline_settings(space, physical_cores, ranks).items():
         enqueue_settings(study, space, settings, baseline=name)
     return True
