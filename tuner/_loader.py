@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset
 
 from objectives import Workload
-from tuner.insight._best import BestSetting, NoResultError, best_setting
+from tuner.insight import BestSetting, NoResultError, best_setting, tune_command
 from tuner.machine import (
     CpuLoad,
     Profile,
@@ -44,9 +45,12 @@ __all__ = [
     "AdaptiveLoader",
     "MachineState",
     "clamp_to_machine",
+    "clamp_to_rank_share",
     "fit_to_machine",
     "live_profile",
     "loader",
+    "local_world_size",
+    "rank_best_setting",
     "read_machine",
 ]
 
@@ -144,8 +148,86 @@ def clamp_to_machine(
     return dataclasses.replace(settings, num_workers=workers, prefetch_factor=prefetch or 2)
 
 
+def local_world_size() -> int:
+    """The ranks on this node, as torchrun tells each of them (``LOCAL_WORLD_SIZE``); 1
+    outside torchrun or where the variable is not a positive count."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def clamp_to_rank_share(
+    settings: LoaderSettings, profile: Profile, ranks: int, state: MachineState
+) -> LoaderSettings:
+    """A 1-rank optimum fitted to one of ``ranks`` ranks: the machine's usable CPUs and memory
+    shared out among the ranks (:func:`clamp_to_machine` on that share), and no more workers
+    or intra-op threads than the rank's share of the CPUs."""
+    cpus = max(1, state.usable_cpus // ranks)
+    share = dataclasses.replace(
+        state,
+        usable_cpus=cpus,
+        available_memory_bytes=state.available_memory_bytes // ranks,
+        total_memory_bytes=state.total_memory_bytes // ranks,
+    )
+    fitted = clamp_to_machine(settings, profile.vcpus, profile.memory_bytes, share)
+    if fitted.num_workers > cpus:
+        fitted = dataclasses.replace(fitted, num_workers=cpus)
+    return fitted
+
+
+def rank_best_setting(
+    hardware: str = "auto",
+    *,
+    objective: str,
+    storage: str | None = None,
+    study_name: str | None = None,
+    profiles_file: str | None = None,
+    nproc_per_node: int | None = None,
+) -> BestSetting:
+    """The best setting for one rank of this node, fitted to the live machine: what
+    ``tuner.loader``, ``TunedDataLoaders`` and the Hugging Face arguments apply.
+
+    ``nproc_per_node`` (None: ``LOCAL_WORLD_SIZE`` from torchrun's environment, else 1) picks
+    that rank count's study. Where it has none, the 1-rank study's optimum is clamped to the
+    rank's share of the CPUs and memory (:func:`clamp_to_rank_share`), with a warning naming
+    the command that tunes for that many ranks; it is never applied as it is.
+
+    Raises:
+        NoResultError: neither study exists, or neither has a finished trial.
+    """
+    ranks = nproc_per_node or local_world_size()
+    look_up = functools.partial(
+        best_setting,
+        hardware,
+        objective=objective,
+        storage=storage,
+        study_name=study_name,
+        profiles_file=profiles_file,
+    )
+    profile = live_profile(hardware, profiles_file)
+    try:
+        best = look_up(nproc_per_node=ranks)
+    except NoResultError as missing:
+        if ranks == 1 or study_name is not None:
+            raise
+        try:
+            best = look_up(nproc_per_node=1)
+        except NoResultError:
+            raise missing from None
+        warnings.warn(
+            f"no study tuned for {ranks} ranks per node ({missing}); the 1-rank optimum of "
+            f"{best.study_name} is clamped to 1/{ranks} of the CPUs and memory. Tune for "
+            f"{ranks} ranks with: {tune_command(hardware, objective, ranks)}",
+            stacklevel=3,
+        )
+        fitted = clamp_to_rank_share(best.settings, profile, ranks, read_machine())
+        return dataclasses.replace(best, settings=fitted)
+    return dataclasses.replace(best, settings=fit_to_machine(best.settings, profile))
+
+
 def _rule_of_thumb(batch_size: int) -> LoaderSettings:
-    workers = rule_of_thumb_workers(physical_core_count())
+    workers = rule_of_thumb_workers(physical_core_count(), local_world_size())
     return LoaderSettings(
         batch=batch_size, num_workers=workers, prefetch_factor=2, persistent_workers=True
     )
@@ -279,8 +361,10 @@ def loader(
 
     The setting is clamped to this machine (fewer usable CPUs: fewer workers; less RAM: a
     smaller prefetch), and the main process's intra-op threads are set as tuned
-    (``torch.set_num_threads``, logged). With no study, or no finished trial in it, the rule
-    of thumb is used, with a warning.
+    (``torch.set_num_threads``, logged). Inside ``torchrun`` each rank takes the study of its
+    node's rank count (``LOCAL_WORLD_SIZE``), else the 1-rank optimum clamped to its share
+    of the machine, with a warning (:func:`rank_best_setting`). With no study, or no finished
+    trial in it, the rule of thumb is used, with a warning.
 
     Args:
         dataset: the dataset to load; or give ``workload=`` instead (exactly one of them).
@@ -313,10 +397,9 @@ def loader(
     """
     if (dataset is None) == (workload is None):
         raise TypeError("tuner.loader takes a dataset or workload=, exactly one of them")
-    profile = live_profile(hardware, profiles_file)
     best: BestSetting | None
     try:
-        best = best_setting(
+        best = rank_best_setting(
             hardware,
             objective=objective,
             storage=storage,
@@ -328,9 +411,9 @@ def loader(
         warnings.warn(f"{error}; using the rule of thumb", stacklevel=2)
         best, batch_param = None, workload.batch_param if workload else "batch_size"
         settings = _rule_of_thumb(batch_size or (workload.default_batch_size if workload else 32))
+        settings = fit_to_machine(settings, live_profile(hardware, profiles_file))
     if batch_size is not None:
         settings = dataclasses.replace(settings, batch=batch_size)
-    settings = fit_to_machine(settings, profile)
     if best is not None and set_threads:
         dataclasses.replace(best, settings=settings).apply(_log)
     if workload is not None:

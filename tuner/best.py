@@ -3,6 +3,7 @@
 python -m tuner.best --hardware auto --format python
 python -m tuner.best --hardware g4dn.xlarge --format json > best.json
 python -m tuner.best --hardware auto --objective train.py:workload --format hf
+python -m tuner.best --objective image --nproc-per-node 4   # the study tuned for 4 ranks
 
 Every format carries the whole setting (DataLoader arguments, the main process's intra-op
 threads, the workload's knobs) from one :class:`tuner.insight.BestSetting`. The JSON shape is
@@ -41,11 +42,21 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="table to read, json to parse, python code to paste, or Hugging Face "
         "TrainingArguments code (hf)",
     )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the ranks per node the study was tuned for (study --nproc-per-node); each rank "
+        "applies the setting to its own DataLoader",
+    )
     return p
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = parser(prog).parse_args(argv)
+    if args.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be a positive count, got {args.nproc_per_node}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     best = best_setting(
         args.hardware,
@@ -53,6 +64,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         storage=storage_url(args.storage),
         study_name=args.study_name,
         profiles_file=args.profiles,
+        nproc_per_node=args.nproc_per_node,
     )
     if args.format == "json":
         print(json.dumps(best.to_json(), indent=2))

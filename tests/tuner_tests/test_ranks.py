@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -16,9 +17,10 @@ import psutil
 import pytest
 
 from objectives import Workload
-from tests.conftest import QUICK_TRIALS, ROOT, study_cli
+from tests.conftest import QUICK_TRIALS, ROOT, best_cli, free_port, run_cli, study_cli
 from tests.tuner_tests import workloads
 from tests.tuner_tests.test_killed_study import GONE_WITHIN_S, StudyDb, _alive, _descendants
+from tuner import machine
 from tuner._naming import study_name
 from tuner.run import ConfigError, resolve_nproc_per_node
 from tuner.trial import RANK_ATTRS, shard_error
@@ -214,3 +216,80 @@ def test_each_ranks_space_has_its_share_of_the_cores(tmp_path: Path) -> None:
     assert two.nproc_per_node == 2 and two.study_name == one.study_name + "-x2ranks"
     assert two.space.max_workers == one.space.max_workers // 2
     assert two.space.max_threads == max(1, fingerprint.usable_cpus // 2)
+
+
+# --- applying it in a rank ----------------------------------------------------------------------
+
+
+def test_a_one_rank_optimum_is_clamped_to_the_ranks_share() -> None:
+    from tuner._loader import MachineState, clamp_to_rank_share
+    from tuner.machine import Profile
+    from tuner.search import LoaderSettings
+
+    gib = 2**30
+    optimum = LoaderSettings(
+        batch=64, num_workers=6, prefetch_factor=4, persistent_workers=True, torch_num_threads=8
+    )
+    profile = Profile(name="box", vcpus=8, memory_bytes=32 * gib)
+    machine_state = MachineState(8, 10.0, 30 * gib, 32 * gib)
+    assert clamp_to_rank_share(optimum, profile, 1, machine_state) == optimum
+    shared = clamp_to_rank_share(optimum, profile, 4, machine_state)
+    assert shared.num_workers <= 2 and shared.torch_num_threads == 2
+    assert shared.prefetch_factor == 1  # a quarter of the memory each
+
+
+RANK_SCRIPT = """
+import json, os, warnings
+import tuner
+from tests.tuner_tests.workloads import Vectors
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    loader = tuner.loader(Vectors(), objective={objective!r}, storage={storage!r})
+print(json.dumps({{
+    "rank": int(os.environ["RANK"]), "num_workers": loader.num_workers,
+    "batch_size": loader.batch_size, "warnings": [str(w.message) for w in caught],
+}}))
+"""
+
+
+def _in_torchrun(tmp_path: Path, storage: str) -> list[dict[str, object]]:
+    """``tuner.loader`` in each of 2 torchrun ranks: what each built, and its warnings."""
+    script = tmp_path / "train.py"
+    script.write_text(RANK_SCRIPT.format(objective=f"{W}:fast", storage=storage))
+    result = run_cli(
+        "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), str(script),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(line["rank"] for line in lines) == [0, 1]
+    return lines
+
+
+def _best_json(storage: str, *flags: str) -> dict[str, object]:
+    result = best_cli(storage, f"{W}:fast", "--format", "json", *flags)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["dataloader"]
+
+
+@pytest.mark.slow
+def test_inside_torchrun_each_rank_applies_its_rank_counts_study(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'tuner.db'}"
+    one = study_cli(storage, f"{W}:fast", "--n-trials", "2", *ONE_WINDOW)
+    assert one.returncode == 0, one.stderr[-2000:]
+    usable = machine.usable_cpu_count()
+    clamped = _in_torchrun(tmp_path, storage)  # only the 1-rank study exists yet
+    for rank in clamped:
+        assert rank["num_workers"] <= max(1, usable // 2)
+        (warning,) = [w for w in rank["warnings"] if "ranks per node" in w]
+        assert f"--objective {W}:fast --nproc-per-node 2" in warning
+    two = study_cli(storage, f"{W}:fast", "--nproc-per-node", "2", "--n-trials", "2", *ONE_WINDOW)
+    assert two.returncode == 0, two.stderr[-2000:]
+    tuned = _best_json(storage, "--nproc-per-node", "2")
+    for rank in _in_torchrun(tmp_path, storage):
+        assert not [w for w in rank["warnings"] if "ranks per node" in w]
+        assert (rank["num_workers"], rank["batch_size"]) == (
+            tuned["num_workers"],
+            tuned["batch_size"],
+        )

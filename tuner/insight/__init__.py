@@ -15,6 +15,7 @@ from tuner.insight._best import (
     best_setting,
     optuna_best,
     study_best,
+    tune_command,
 )
 from tuner.insight._diagnosis import Diagnosis, diagnose, diagnose_trial
 from tuner.insight._summary import best_trial, efficiency, print_summary
@@ -33,4 +34,5 @@ __all__ = [
     "print_summary",
     "remeasured",
     "study_best",
+    "tune_command",
 ]

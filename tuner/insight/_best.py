@@ -40,6 +40,7 @@ __all__ = [
     "optuna_best",
     "resolve_profile_name",
     "study_best",
+    "tune_command",
 ]
 
 _log = logging.getLogger("tuner.best")
@@ -224,6 +225,12 @@ def resolve_profile_name(hardware: str, profiles_file: str | None = None) -> str
     return machine.resolve_profile(hardware, catalog, fingerprint).name
 
 
+def tune_command(hardware: str, objective: str, nproc_per_node: int = 1) -> str:
+    """The command that creates the study :func:`best_setting` looks for."""
+    ranks = f" --nproc-per-node {nproc_per_node}" if nproc_per_node != 1 else ""
+    return f"dataloader-tuner study --hardware {hardware} --objective {objective}{ranks}"
+
+
 def best_setting(
     hardware: str = "auto",
     *,
@@ -231,6 +238,7 @@ def best_setting(
     storage: str | None = None,
     study_name: str | None = None,
     profiles_file: str | None = None,
+    nproc_per_node: int = 1,
 ) -> BestSetting:
     """The best setting stored for ``objective`` on ``hardware``: the whole of it (DataLoader
     arguments, the main process's intra-op threads, the workload's knobs) and its figures.
@@ -242,6 +250,8 @@ def best_setting(
         storage: a database URL; None is ``$TUNER_STORAGE``, else ``sqlite:///tuner.db``.
         study_name: the study's name; None is ``<objective>@<profile>``.
         profiles_file: a JSON catalog of more hardware profiles.
+        nproc_per_node: the ranks per node the study was tuned for (its name says so where
+            it is not 1); each rank applies the setting to its own DataLoader.
 
     Returns:
         The study's best (:class:`BestSetting`): the re-measured winner where the study
@@ -258,8 +268,9 @@ def best_setting(
         loader = DataLoader(dataset, **best.dataloader_kwargs)
     """
     url = storage or default_storage_url()
-    name = study_name or study_name_for(objective, resolve_profile_name(hardware, profiles_file))
-    create = f"dataloader-tuner study --hardware {hardware} --objective {objective}"
+    profile = resolve_profile_name(hardware, profiles_file)
+    name = study_name or study_name_for(objective, profile, nproc_per_node)
+    create = tune_command(hardware, objective, nproc_per_node)
     if sqlite_file_missing(url):
         raise NoResultError(f"no study {name} in {mask_url(url)}; create it with: {create}")
     opened = open_storage(url, heartbeat_interval=None)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tuner._loader import fit_to_machine, live_profile
-from tuner.insight._best import BestSetting, best_setting
+from tuner._loader import rank_best_setting
+from tuner.insight import BestSetting
 
 __all__ = ["training_arguments_snippet", "tuned_training_arguments"]
 
@@ -29,21 +29,21 @@ def tuned_training_arguments(
 ) -> Any:
     """``args`` (a ``TrainingArguments``) with the tuned batch, accumulation and DataLoader
     fields of ``<objective>@<hardware>``, fitted to the live machine as ``tuner.loader`` fits
-    them (fewer usable CPUs: fewer workers), everything else as it was; a new object.
+    them (fewer usable CPUs: fewer workers; under torchrun, the study of its rank count, else
+    the 1-rank optimum clamped to the rank's share, with a warning:
+    :func:`tuner._loader.rank_best_setting`), everything else as it was; a new object.
 
     With ``set_threads`` the tuned intra-op threads are set too (:meth:`BestSetting.apply`,
     logged), since TrainingArguments cannot carry them. Raises ``tuner.NoResultError`` when
     there is no study or no finished trial.
     """
-    best = best_setting(
+    best = rank_best_setting(
         hardware,
         objective=objective,
         storage=storage,
         study_name=study_name,
         profiles_file=profiles_file,
     )
-    profile = live_profile(hardware, profiles_file)
-    best = dataclasses.replace(best, settings=fit_to_machine(best.settings, profile))
     tuned = dataclasses.replace(args, **best.training_arguments())
     if set_threads:
         best.apply()

@@ -30,7 +30,6 @@ is what trains (a warning says so).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import warnings
 from collections.abc import Callable
@@ -41,8 +40,8 @@ from lightning.pytorch.callbacks import BatchSizeFinder, GradientAccumulationSch
 from torch.utils.data import DataLoader
 
 from objectives import Workload
-from tuner._loader import _unapplied, fit_to_machine, live_profile
-from tuner.insight._best import BestSetting, NoResultError, best_setting
+from tuner._loader import _unapplied, rank_best_setting
+from tuner.insight import BestSetting, NoResultError
 from tuner.search._settings import LoaderSettings
 
 __all__ = ["TunedDataLoaders", "tuned_dataloader"]
@@ -111,7 +110,7 @@ class TunedDataLoaders(pl.Callback):
         if stage != "fit":
             return
         try:
-            best = best_setting(
+            best = rank_best_setting(
                 self.hardware,
                 objective=self.objective,
                 storage=self.storage,
@@ -123,7 +122,7 @@ class TunedDataLoaders(pl.Callback):
                 f"TunedDataLoaders: {error}; training with your own DataLoader", stacklevel=2
             )
             return
-        self.best = best = self._fitted(best)
+        self.best = best
         if any(isinstance(callback, BatchSizeFinder) for callback in trainer.callbacks):
             warnings.warn(
                 f"TunedDataLoaders: BatchSizeFinder's batch size is replaced by the tuned "
@@ -141,11 +140,6 @@ class TunedDataLoaders(pl.Callback):
         if stage == "fit":
             while self._undo:
                 self._undo.pop()()
-
-    def _fitted(self, best: BestSetting) -> BestSetting:
-        """The stored optimum clamped to the live machine, as :func:`tuner.loader` clamps it."""
-        profile = live_profile(self.hardware, self.profiles_file)
-        return dataclasses.replace(best, settings=fit_to_machine(best.settings, profile))
 
     def _replace_train_loader(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, best: BestSetting
