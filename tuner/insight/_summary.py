@@ -14,6 +14,7 @@ from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
     BASELINE_RULE_OF_THUMB,
     CEILING_ATTR,
+    NPROC_ATTR,
 )
 from tuner.insight._diagnosis import Diagnosis, diagnose_trial, more_workers_were_slower
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
@@ -210,8 +211,11 @@ def _print_best(
     study: optuna.Study, best: FrozenTrial, medians: Mapping[int, float], out: TextIO
 ) -> None:
     """The best trial, its figure and its speedups over the baselines."""
+    ranks = int(study.user_attrs.get(NPROC_ATTR, 1))
+    node = f" for the node ({ranks} ranks, each its own DataLoader as below)" if ranks > 1 else ""
     print(
-        f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s", file=out
+        f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s{node}",
+        file=out,
     )
     rival = _higher_median(best, medians)
     if rival is not None:
