@@ -293,3 +293,13 @@ def test_inside_torchrun_each_rank_applies_its_rank_counts_study(tmp_path: Path)
             tuned["num_workers"],
             tuned["batch_size"],
         )
+
+
+def test_tune_takes_nproc_per_node_and_refuses_zero_before_writing(tmp_path: Path) -> None:
+    import tuner
+
+    with pytest.raises(ValueError, match="--nproc-per-node must be a positive count"):
+        tuner.tune(
+            objective=f"{W}:fast", storage=f"sqlite:///{tmp_path / 't.db'}", nproc_per_node=0
+        )
+    assert not (tmp_path / "t.db").exists()
