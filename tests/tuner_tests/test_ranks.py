@@ -303,3 +303,28 @@ def test_tune_takes_nproc_per_node_and_refuses_zero_before_writing(tmp_path: Pat
             objective=f"{W}:fast", storage=f"sqlite:///{tmp_path / 't.db'}", nproc_per_node=0
         )
     assert not (tmp_path / "t.db").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_ranks_started_either_way_report_the_node(start_method: str) -> None:
+    """Spawned ranks are what a trial child whose workload initialised CUDA starts."""
+    import multiprocessing
+
+    from tuner.search import LoaderSettings
+    from tuner.trial._child import _measure_in
+    from tuner.trial._protocol import Job, Mode, Result
+    from tuner.trial._ranks import run_ranks
+
+    settings = LoaderSettings(batch=16, num_workers=1, prefetch_factor=2)
+    job = Job(Mode.MEASURE, f"{W}:fast", {}, settings, "cpu", 0.3, 0.1, nproc_per_node=2)
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    run_ranks(sender, _measure_in, workloads.fast(), job, start_method=start_method)
+    messages = []
+    while receiver.poll(0):
+        messages.append(receiver.recv())
+    (result,) = [m for m in messages if isinstance(m, Result)]
+    assert len(result.attrs["rank_samples_per_sec"]) == 2
+    assert result.attrs["samples_per_sec"] == pytest.approx(
+        sum(result.attrs["rank_samples_per_sec"])
+    )

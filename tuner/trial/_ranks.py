@@ -129,8 +129,13 @@ class _Rank:
     result: dict[str, Any] | None = None
 
 
-def _start(measure: MeasureRank, workload: Workload, job: Job) -> list[_Rank]:
-    context = multiprocessing.get_context("fork")  # the ranks share the child's loaded workload
+def _start(
+    measure: MeasureRank, workload: Workload, job: Job, start_method: str | None
+) -> list[_Rank]:
+    # Forked, the ranks share the child's loaded workload; a child whose workload initialised
+    # CUDA cannot fork it, so its ranks start fresh (the workload travels pickled).
+    method = start_method or ("spawn" if torch.cuda.is_initialized() else "fork")
+    context = multiprocessing.get_context(method)
     port, ranks = _free_port(), []
     for number in range(job.nproc_per_node):
         receiver, sender = context.Pipe(duplex=False)
@@ -146,7 +151,11 @@ def _start(measure: MeasureRank, workload: Workload, job: Job) -> list[_Rank]:
 
 
 def _stop(ranks: list[_Rank]) -> None:
-    """SIGKILL every rank still running (its workers die with it) and reap them."""
+    """SIGKILL every rank still running (its workers die with it) and reap them; a rank that
+    sent its result has a moment to leave its process group first."""
+    for rank in ranks:
+        if rank.result is not None:
+            rank.process.join(timeout=2.0)
     for rank in ranks:
         if rank.process.is_alive() and rank.process.pid is not None:
             try:
@@ -177,7 +186,7 @@ def _node_progress(ranks: list[_Rank]) -> Progress | None:
     )
 
 
-def _receive(rank: _Rank, conn: Connection) -> Failure | None:
+def _receive(rank: _Rank) -> Failure | None:
     """Take one message of ``rank``: progress forwarded for the node, a result kept."""
     try:
         message = rank.conn.recv()
@@ -199,7 +208,7 @@ def _gather(conn: Connection, ranks: list[_Rank]) -> list[dict[str, Any]] | Fail
         pending = {rank.conn: rank for rank in ranks if rank.result is None}
         for ready in wait(list(pending)):
             rank = pending[ready]  # type: ignore[index]
-            failure = _receive(rank, conn)
+            failure = _receive(rank)
             if failure is not None:
                 return failure
             if rank.progress is not None and rank.result is None:
@@ -228,10 +237,17 @@ def node_attrs(results: list[dict[str, Any]]) -> dict[str, Any]:
     return attrs
 
 
-def run_ranks(conn: Connection, measure: MeasureRank, workload: Workload, job: Job) -> None:
+def run_ranks(
+    conn: Connection,
+    measure: MeasureRank,
+    workload: Workload,
+    job: Job,
+    start_method: str | None = None,
+) -> None:
     """Run ``measure`` in ``job.nproc_per_node`` ranks; send the node's result or the first
-    rank's failure over ``conn``, with no rank left running."""
-    ranks = _start(measure, workload, job)
+    rank's failure over ``conn``, with no rank left running. ``start_method`` (None: fork,
+    spawn once CUDA is initialised here) is how the ranks start."""
+    ranks = _start(measure, workload, job, start_method)
     try:
         outcome = _gather(conn, ranks)
     finally:
