@@ -82,15 +82,23 @@ _SERVER_RESTARTING = ("57P01", "57P02", "57P03")
 """PostgreSQL SQLSTATEs of a server that answered and is shutting down or starting up:
 admin_shutdown, crash_shutdown, cannot_connect_now."""
 
+_MYSQL_SERVER_SHUTDOWN = 1053
+"""MySQL's and MariaDB's error code for "Server shutdown in progress" (ER_SERVER_SHUTDOWN)."""
+
+
+def _says_restarting(error: object) -> bool:
+    if getattr(error, "sqlstate", None) in _SERVER_RESTARTING:
+        return True
+    args = getattr(error, "args", ())  # a MySQL driver's error: (code, message)
+    return bool(args) and args[0] == _MYSQL_SERVER_SHUTDOWN
+
 
 def _server_restarting(error: BaseException) -> bool:
     current: BaseException | None = error
     seen: set[int] = set()
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if getattr(getattr(current, "orig", None), "sqlstate", None) in _SERVER_RESTARTING:
-            return True
-        if getattr(current, "sqlstate", None) in _SERVER_RESTARTING:
+        if _says_restarting(getattr(current, "orig", None)) or _says_restarting(current):
             return True
         current = current.__cause__ or current.__context__
     return False

@@ -193,3 +193,14 @@ def test_without_a_mysql_driver_the_line_names_the_extra(monkeypatch: pytest.Mon
     assert "pip install 'dataloader-tuner[mysql]'" in message
     assert "mysql://USER@HOST:3306/DATABASE" in message
     assert "s3cret" not in message and "\n" not in message
+
+
+def test_a_server_shutting_down_is_told_from_a_wrong_url() -> None:
+    from storage._open import _server_restarting
+
+    pymysql = pytest.importorskip("pymysql")
+    shutting_down = pymysql.err.OperationalError(1053, "Server shutdown in progress")
+    denied = pymysql.err.OperationalError(1045, "Access denied for user 'bob'")
+    wrapped = sqlalchemy.exc.OperationalError("SELECT 1", {}, shutting_down)
+    assert _server_restarting(wrapped)
+    assert not _server_restarting(sqlalchemy.exc.OperationalError("SELECT 1", {}, denied))
