@@ -163,7 +163,8 @@ def test_with_retry_does_not_hide_other_errors() -> None:
 
 
 def test_mysql_storage_opens_with_fleet_options(mysql_url: str) -> None:
-    storage = open_storage(mysql_url)
+    as_a_user_writes_it = mysql_url.replace("mysql+pymysql://", "mysql://")  # no driver named
+    storage = open_storage(as_a_user_writes_it)
     study = optuna.create_study(storage=storage, study_name="m")
     study.optimize(lambda t: t.suggest_int("x", 0, 3), n_trials=2)
     assert len(optuna.load_study(study_name="m", storage=mysql_url).trials) == 2
