@@ -13,6 +13,7 @@ anything is written.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 import warnings
@@ -226,7 +227,10 @@ def _run_trials(
             assert isinstance(asked, optuna.Trial)
             state, reason = _run_one(prepared, study, runner, asked)
             trials_run += 1
-            bar.set_postfix_str(_postfix(study, asked.number, state, reason), refresh=False)
+            postfix = with_retry(
+                functools.partial(_postfix, study, asked.number, state, reason), "reading the best"
+            )
+            bar.set_postfix_str(postfix, refresh=False)
             bar.update()
             runner = _grown(prepared, study, runner, out)
             stop = _stop_near_ceiling(study, runner, config) or _stop_near_bound(
