@@ -6,7 +6,7 @@ Open storages with :func:`open_storage`; print URLs only through :func:`mask_url
 from storage._drivers import with_driver
 from storage._lock import storage_lock
 from storage._open import engine_options, open_storage
-from storage._retry import is_connection_error, with_retry
+from storage._retry import LostConnectionFilter, is_connection_error, with_retry
 from storage._urls import (
     DEFAULT_STORAGE_URL,
     StorageError,
@@ -18,6 +18,7 @@ from storage._urls import (
 
 __all__ = [
     "DEFAULT_STORAGE_URL",
+    "LostConnectionFilter",
     "StorageError",
     "default_storage_url",
     "engine_options",

@@ -15,7 +15,7 @@ from typing import NoReturn
 import optuna
 
 from objectives import WorkloadError
-from storage import StorageError, default_storage_url, mask_password
+from storage import LostConnectionFilter, StorageError, default_storage_url, mask_password
 from tuner.machine import ProfileError
 from tuner.search._space import SpaceError
 
@@ -79,6 +79,8 @@ def run_cli(
     from tuner.run._config import ConfigError
 
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(LostConnectionFilter())  # a server restart: one line, no traceback
     # A CLI's own choice: Optuna's per-trial INFO lines would drown the progress bar.
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -12,6 +13,7 @@ import pytest
 import sqlalchemy
 
 from storage import (
+    LostConnectionFilter,
     StorageError,
     default_storage_url,
     engine_options,
@@ -205,3 +207,28 @@ def test_a_server_shutting_down_is_told_from_a_wrong_url() -> None:
     wrapped = sqlalchemy.exc.OperationalError("SELECT 1", {}, shutting_down)
     assert _server_restarting(wrapped)
     assert not _server_restarting(sqlalchemy.exc.OperationalError("SELECT 1", {}, denied))
+
+
+def test_a_pooled_connection_the_server_dropped_is_one_line_not_a_traceback() -> None:
+    pymysql = pytest.importorskip("pymysql")
+    lost = pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+    try:
+        raise lost
+    except pymysql.err.OperationalError:
+        exc_info = sys.exc_info()
+    formatter = logging.Formatter("%(levelname)s %(message)s")
+    record = logging.LogRecord(
+        "sqlalchemy.pool.impl.QueuePool",
+        logging.ERROR,
+        "",
+        0,
+        "Exception during reset",
+        (),
+        exc_info,
+    )
+    assert LostConnectionFilter().filter(record)
+    text = formatter.format(record)
+    assert text.startswith("WARNING a database connection was lost and is replaced")
+    assert "Lost connection" in text and "Traceback" not in text and "\n" not in text
+    other = logging.LogRecord("tuner", logging.ERROR, "", 0, "kept", (), exc_info)
+    assert LostConnectionFilter().filter(other) and other.exc_info is exc_info
