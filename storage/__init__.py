@@ -1,11 +1,12 @@
-"""Where studies live: an SQLite file by default, PostgreSQL (or MySQL) for a fleet.
+"""Where studies live: an SQLite file by default, PostgreSQL or MySQL/MariaDB for a fleet.
 
 Open storages with :func:`open_storage`; print URLs only through :func:`mask_url`.
 """
 
+from storage._drivers import with_driver
 from storage._lock import storage_lock
 from storage._open import engine_options, open_storage
-from storage._retry import is_connection_error, with_retry
+from storage._retry import LostConnectionFilter, is_connection_error, with_retry
 from storage._urls import (
     DEFAULT_STORAGE_URL,
     StorageError,
@@ -17,6 +18,7 @@ from storage._urls import (
 
 __all__ = [
     "DEFAULT_STORAGE_URL",
+    "LostConnectionFilter",
     "StorageError",
     "default_storage_url",
     "engine_options",
@@ -26,5 +28,6 @@ __all__ = [
     "open_storage",
     "sqlite_file_missing",
     "storage_lock",
+    "with_driver",
     "with_retry",
 ]

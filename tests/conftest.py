@@ -12,12 +12,14 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy
 
+from storage import mask_password
 from storage.testing import scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,16 +102,75 @@ def best_cli(storage: str, objective: str, *flags: str) -> subprocess.CompletedP
     return run_cli("tuner.best", *args, *flags)
 
 
+# --- MySQL / MariaDB -------------------------------------------------------------------------
+# ``TEST_MYSQL_URL`` names a server database to create scratch databases beside, as TEST_DB_URL
+# does for PostgreSQL (.ci/run creates one, with a user of its own and a password). Locally a
+# test may skip when no server answers; under CI a missing server or driver is a failure.
+
 MYSQL_URL = os.environ.get("TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 
 
 @pytest.fixture
 def mysql_url() -> Iterator[str]:
-    """A fresh MariaDB/MySQL database (the server this project's machines run), if reachable."""
-    pytest.importorskip("pymysql")
+    """A fresh, empty MySQL/MariaDB database for one test; dropped afterwards."""
+    try:
+        import pymysql  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("PyMySQL is required in CI: pip install -e '.[test]'")
+        pytest.skip("PyMySQL is not installed")
     with contextlib.ExitStack() as stack:
         try:
             url = stack.enter_context(scratch_database(MYSQL_URL, "tuner_test"))
-        except sqlalchemy.exc.OperationalError:
+        except sqlalchemy.exc.OperationalError as error:
+            if os.environ.get("CI"):
+                pytest.fail(f"MySQL/MariaDB is required in CI: {mask_password(str(error))}")
             pytest.skip("no MySQL/MariaDB server reachable")
         yield url
+
+
+SERVERS = [
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mysql", marks=pytest.mark.mysql),
+]
+"""The fleet's servers, for ``server_url``: the same test runs on each."""
+
+
+@pytest.fixture(params=SERVERS)
+def server_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database on each fleet server in turn: PostgreSQL, then MySQL/MariaDB."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture
+def server_url_with_password(server_url: str) -> Iterator[tuple[str, str]]:
+    """``server_url`` as a user with a password would write it, and that password.
+
+    PostgreSQL here trusts local connections, so any password is accepted. MySQL checks it: a
+    URL that carries one (.ci/run's) is used as it is; otherwise a user with a password is
+    created for the test on its database, and dropped afterwards.
+    """
+    parsed = sqlalchemy.engine.make_url(server_url)
+    if parsed.password:
+        yield server_url, str(parsed.password)
+        return
+    secret = f"s3cret-{uuid.uuid4().hex[:10]}"
+    if parsed.get_backend_name() == "postgresql":
+        yield parsed.set(password=secret).render_as_string(hide_password=False), secret
+        return
+    user = f"tuner_pw_{uuid.uuid4().hex[:8]}"
+    admin = sqlalchemy.create_engine(server_url, poolclass=sqlalchemy.pool.NullPool)
+    with admin.connect() as connection:
+        connection.execute(sqlalchemy.text(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{secret}'"))
+        connection.execute(
+            sqlalchemy.text(f"GRANT ALL PRIVILEGES ON `{parsed.database}`.* TO '{user}'@'%'")
+        )
+    try:
+        yield (
+            parsed.set(username=user, password=secret).render_as_string(hide_password=False),
+            secret,
+        )
+    finally:
+        with admin.connect() as connection:
+            connection.execute(sqlalchemy.text(f"DROP USER IF EXISTS '{user}'@'%'"))
+        admin.dispose()

@@ -31,6 +31,8 @@ from tests.conftest import QUICK_TRIALS, ROOT, free_port
 
 W = "tests.tuner_tests.workloads"
 PG = "postgresql+psycopg://{user}@127.0.0.1:5432/{database}"
+WITHOUT_MYSQL_DRIVER = os.pathsep.join([str(ROOT / "tests" / "without_mysql_driver"), str(ROOT)])
+"""A PYTHONPATH on which every MySQL driver fails to import, as on a machine without one."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,17 @@ REFUSED = [
         "storage-driver-not-installed",
         study("--storage", "mysql+nosuchdriver://u@127.0.0.1/db"),
         "cannot open storage",
+    ),
+    Case(
+        "storage-mysql-driver-missing",
+        study("--storage", "mysql://tuner:s3cret@127.0.0.1:3306/tuner"),
+        "no MySQL driver is installed; pip install 'dataloader-tuner[mysql]'",
+        env=(("PYTHONPATH", WITHOUT_MYSQL_DRIVER),),
+    ),
+    Case(
+        "storage-mysql-unreachable",
+        study("--storage", "mysql://tuner:s3cret@127.0.0.1:{free_port}/tuner"),
+        "cannot reach storage mysql://tuner:***@127.0.0.1:",
     ),
     Case(
         "storage-unreachable",

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 import optuna
 
 from objectives import WorkloadError
-from storage import StorageError, default_storage_url, mask_password
+from storage import LostConnectionFilter, StorageError, default_storage_url, mask_password
 from tuner.machine import AUTO_PROFILE, ProfileError
 from tuner.search._space import SpaceError
 
@@ -138,6 +138,7 @@ def run_cli(
 
     handler = _ProgressHandler()
     handler.setFormatter(_Formatter(prog))
+    handler.addFilter(LostConnectionFilter())  # a server restart: one line, no traceback
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("tuner.run").setLevel(logging.INFO)  # a run's progress lines
     # A CLI's own choice: Optuna's per-trial INFO lines would drown the progress bar.

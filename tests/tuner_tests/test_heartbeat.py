@@ -1,5 +1,6 @@
-"""Stale trials on a real SQLite storage: Optuna's rule, and the trials that never beat; and
-through the real gRPC proxy, whose client carries no Optuna heartbeats: the tuner's own."""
+"""Stale trials on a real SQLite file, PostgreSQL and MariaDB: Optuna's rule, and the trials that
+never beat; and through the real gRPC proxy, whose client carries no Optuna heartbeats: the
+tuner's own."""
 
 from __future__ import annotations
 
@@ -22,10 +23,25 @@ def _study(url: str) -> optuna.Study:
     return optuna.create_study(storage=storage, study_name="stale")
 
 
+BACKENDS = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mysql", marks=pytest.mark.mysql),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def any_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
+    """The SQLite file, then a fresh database on each fleet server."""
+    return (
+        sqlite_url if request.param == "sqlite" else request.getfixturevalue(f"{request.param}_url")
+    )
+
+
 def test_a_trial_that_never_beat_is_failed_and_requeued_after_twice_the_grace(
-    sqlite_url: str,
+    any_url: str,
 ) -> None:
-    study = _study(sqlite_url)
+    study = _study(any_url)
     orphan = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})  # its worker died
     stale = StaleTrials()
 
@@ -41,8 +57,8 @@ def test_a_trial_that_never_beat_is_failed_and_requeued_after_twice_the_grace(
     assert retry.state == TrialState.WAITING and retry.params == trials[orphan.number].params
 
 
-def test_a_beating_trial_is_left_alone(sqlite_url: str) -> None:
-    study = _study(sqlite_url)
+def test_a_beating_trial_is_left_alone(any_url: str) -> None:
+    study = _study(any_url)
     trial = study.ask()
     stale = StaleTrials()
     with warnings.catch_warnings():

@@ -13,6 +13,7 @@ anything is written.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import sys
 import time
@@ -277,7 +278,10 @@ def _run_trials(prepared: PreparedStudy, study: optuna.Study, runner: TrialRunne
             assert isinstance(asked, optuna.Trial)
             state, reason = _run_one(prepared, study, runner, asked)
             trials_run += 1
-            bar.set_postfix_str(_postfix(study, asked.number, state, reason), refresh=False)
+            postfix = with_retry(
+                functools.partial(_postfix, study, asked.number, state, reason), "reading the best"
+            )
+            bar.set_postfix_str(postfix, refresh=False)
             bar.update()
             runner = _grown(prepared, study, runner)
             stop = _stop_near_ceiling(study, runner, config) or _stop_near_bound(
