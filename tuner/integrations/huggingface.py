@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from tuner._loader import fit_to_machine, live_profile
-from tuner.insight._best import BestSetting, best_setting
+from tuner.insight import BestSetting, best_setting
 
 __all__ = ["training_arguments_snippet", "tuned_training_arguments"]
 

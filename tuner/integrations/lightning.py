@@ -42,8 +42,8 @@ from torch.utils.data import DataLoader
 
 from objectives import Workload
 from tuner._loader import _unapplied, fit_to_machine, live_profile
-from tuner.insight._best import BestSetting, NoResultError, best_setting
-from tuner.search._settings import LoaderSettings
+from tuner.insight import BestSetting, NoResultError, best_setting
+from tuner.search import LoaderSettings
 
 __all__ = ["TunedDataLoaders", "tuned_dataloader"]
 

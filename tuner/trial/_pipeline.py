@@ -25,9 +25,9 @@ from torch.multiprocessing.reductions import shared_cache
 from torch.utils.data import DataLoader, default_collate
 
 from objectives import Workload, move_to_device
-from tuner.machine._process import process_tree_memory_bytes
-from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
-from tuner.search._settings import LoaderSettings
+from tuner.machine import process_tree_memory_bytes
+from tuner.pipeline import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
+from tuner.search import LoaderSettings
 from tuner.trial._ceiling import step_batch
 from tuner.trial._measure import count_samples, synchronize
 
