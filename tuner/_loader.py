@@ -50,6 +50,7 @@ __all__ = [
     "live_profile",
     "loader",
     "read_machine",
+    "warn_unapplied",
 ]
 
 _log = logging.getLogger("tuner.loader")
@@ -244,7 +245,7 @@ def _workload_kwargs(workload: Workload, settings: LoaderSettings) -> dict[str, 
     return added
 
 
-def _unapplied(best: BestSetting, dataloader_kwargs: dict[str, Any]) -> None:
+def warn_unapplied(best: BestSetting, dataloader_kwargs: dict[str, Any]) -> None:
     """Say what of the tuned setting a bare dataset cannot take, rather than drop it silently."""
     if best.knobs:
         knobs = ", ".join(f"{knob}={value!r}" for knob, value in best.knobs.items())
@@ -340,7 +341,7 @@ def loader(
             workload, settings, batch_param, dataloader_kwargs
         )
     elif best is not None:
-        _unapplied(best, dataloader_kwargs)
+        warn_unapplied(best, dataloader_kwargs)
     assert dataset is not None
     if adapt:
         return AdaptiveLoader(dataset, settings, batch_param, dataloader_kwargs)

@@ -24,6 +24,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
+from objectives import WorkloadError
 from tests.conftest import ROOT, study_cli
 from tuner.insight._best import BestSetting, best_setting
 from tuner.integrations.lightning import TunedDataLoaders, tuned_dataloader
@@ -155,7 +156,7 @@ def test_a_token_budget_is_not_a_batch_size_one_line() -> None:
         window_samples_per_sec=1.0,
         finished_trials=1,
     )
-    with pytest.raises(ValueError, match="max_tokens=4096 is a batch sampler's") as caught:
+    with pytest.raises(WorkloadError, match="max_tokens=4096 is a batch sampler's") as caught:
         tuned_dataloader(DataLoader(list(range(8)), batch_size=2), best)
     assert "\n" not in str(caught.value)
 
