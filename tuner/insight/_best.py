@@ -100,28 +100,6 @@ class BestSetting:
         """``batch`` times ``accumulation_steps``: what one optimizer step sees."""
         return self.settings.batch * self.settings.accumulation_steps
 
-    def training_arguments(self) -> dict[str, Any]:
-        """The Hugging Face ``TrainingArguments`` fields of the setting.
-
-        ``gradient_accumulation_steps`` is ``accumulation_steps``, so a study run with
-        ``--effective-batch`` keeps the effective batch. The intra-op threads are not among
-        them (TrainingArguments has no such field): :meth:`apply` sets them.
-        """
-        if self.batch_param != "batch_size":
-            raise ValueError(
-                f"study {self.study_name} tuned {self.batch_param}, a batch sampler's budget; "
-                "TrainingArguments take a per_device_train_batch_size"
-            )
-        workers = self.settings.num_workers
-        return {
-            "per_device_train_batch_size": self.batch,
-            "gradient_accumulation_steps": self.accumulation_steps,
-            "dataloader_num_workers": workers,
-            "dataloader_prefetch_factor": self.settings.prefetch_factor if workers else None,
-            "dataloader_pin_memory": self.settings.pin_memory,
-            "dataloader_persistent_workers": self.settings.persistent_workers if workers else False,
-        }
-
     def apply(self, log: logging.Logger | None = None) -> int:
         """Set the main process's intra-op threads as tuned (logged); returns the previous count.
 

@@ -11,10 +11,11 @@ every trial's child process, so a script exposes a function of no arguments,
 ``def workload(): return workload_from_trainer(make_trainer())``, and ``--objective
 train.py:workload`` builds the Trainer afresh in each child.
 
-**Out**, :func:`tuned_training_arguments` and the ``--format hf`` snippet
-(:func:`training_arguments_snippet`): ``TrainingArguments`` carries the batch and every
-DataLoader knob (``dataloader_*``) but not the main process's intra-op threads, which compete
-with the DataLoader workers for the same cores; both set them with ``torch.set_num_threads``.
+**Out**, :func:`tuned_training_arguments`, its fields (:func:`training_arguments`) and the
+``--format hf`` snippet (:func:`training_arguments_snippet`): ``TrainingArguments`` carries the
+batch and every DataLoader knob (``dataloader_*``) but not the main process's intra-op threads,
+which compete with the DataLoader workers for the same cores; both set them with
+``torch.set_num_threads``.
 
 What this module refuses raises :class:`objectives.WorkloadError` (one line). It never imports
 transformers (the Trainer and the ``TrainingArguments`` you pass have imported it), so importing
@@ -36,6 +37,7 @@ from tuner.insight import BestSetting, best_setting
 
 __all__ = [
     "TrainerStep",
+    "training_arguments",
     "training_arguments_snippet",
     "tuned_training_arguments",
     "workload_from_trainer",
@@ -160,7 +162,8 @@ def tuned_training_arguments(
 
     With ``set_threads`` the tuned intra-op threads are set too (:meth:`BestSetting.apply`,
     logged), since TrainingArguments cannot carry them. Raises ``tuner.NoResultError`` when
-    there is no study or no finished trial.
+    there is no study or no finished trial, :class:`~objectives.WorkloadError` when the study
+    tuned a batch sampler's budget (:func:`training_arguments`).
     """
     best = best_setting(
         hardware,
@@ -171,10 +174,34 @@ def tuned_training_arguments(
     )
     profile = live_profile(hardware, profiles_file)
     best = dataclasses.replace(best, settings=fit_to_machine(best.settings, profile))
-    tuned = dataclasses.replace(args, **best.training_arguments())
+    tuned = dataclasses.replace(args, **training_arguments(best))
     if set_threads:
         best.apply()
     return tuned
+
+
+def training_arguments(best: BestSetting) -> dict[str, Any]:
+    """The ``TrainingArguments`` fields of ``best``'s setting.
+
+    ``gradient_accumulation_steps`` is ``accumulation_steps``, so a study run with
+    ``--effective-batch`` keeps the effective batch. The intra-op threads are not among them
+    (TrainingArguments has no such field): :meth:`BestSetting.apply` sets them. Raises
+    :class:`~objectives.WorkloadError` where the study tuned a batch sampler's budget.
+    """
+    if best.batch_param != "batch_size":
+        raise WorkloadError(
+            f"study {best.study_name} tuned {best.batch_param}, a batch sampler's budget; "
+            "TrainingArguments take a per_device_train_batch_size"
+        )
+    workers = best.settings.num_workers
+    return {
+        "per_device_train_batch_size": best.batch,
+        "gradient_accumulation_steps": best.accumulation_steps,
+        "dataloader_num_workers": workers,
+        "dataloader_prefetch_factor": best.settings.prefetch_factor if workers else None,
+        "dataloader_pin_memory": best.settings.pin_memory,
+        "dataloader_persistent_workers": best.settings.persistent_workers if workers else False,
+    }
 
 
 def training_arguments_snippet(best: BestSetting) -> str:
@@ -189,7 +216,7 @@ def training_arguments_snippet(best: BestSetting) -> str:
         f"torch.set_num_threads({best.torch_num_threads})",
         "args = TrainingArguments(",
         '    output_dir="trainer_output",  # yours, with the rest of your arguments',
-        *(f"    {key}={value!r}," for key, value in best.training_arguments().items()),
+        *(f"    {key}={value!r}," for key, value in training_arguments(best).items()),
         ")",
     ]
     if best.knobs:
