@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import optuna
 
 from tuner._naming import REMEASURED_ATTR, SETTINGS_ATTR
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 __all__ = [
     "BATCH_PARAM_ATTR",

@@ -20,15 +20,11 @@ for _name in ("transformers", "datasets", "accelerate"):
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import Trainer  # noqa: E402
 
-from objectives import (  # noqa: E402
-    WorkloadError,
-    load_workload,
-    move_to_device,
-    workload_from_trainer,
-)
+from objectives import WorkloadError, load_workload, move_to_device  # noqa: E402
 from tests.conftest import run_python, study_cli  # noqa: E402
 from tests.objectives_tests import hf_script  # noqa: E402
 from tuner._attrs import trial_settings  # noqa: E402
+from tuner.integrations.huggingface import workload_from_trainer  # noqa: E402
 from tuner.search._settings import LoaderSettings  # noqa: E402
 
 SCRIPT = Path(hf_script.__file__)

@@ -22,7 +22,7 @@ from objectives import Workload, text_workload
 from tests.conftest import run_cli
 from tests.tuner_tests.workloads import fast
 from tuner._naming import CEILING_ATTR, REMEASURED_ATTR
-from tuner.insight._summary import efficiency
+from tuner.insight import efficiency
 from tuner.run import N_STARTUP_TRIALS
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling
 from tuner.search._settings import LoaderSettings

@@ -26,20 +26,21 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives import Workload, load_workload
 from storage import default_storage_url, mask_url, open_storage, sqlite_file_missing
 from tuner import machine
-from tuner._attrs import remeasured, study_batch_param, trial_settings
+from tuner._attrs import remeasured, stored_best_number, study_batch_param, trial_settings
 from tuner._naming import study_name as study_name_for
 from tuner.insight._snippet import dataloader_snippet
-from tuner.insight._summary import best_trial, trial_throughput
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 __all__ = [
     "BestSetting",
     "NoResultError",
     "best_params",
     "best_setting",
+    "best_trial",
     "optuna_best",
     "resolve_profile_name",
     "study_best",
+    "trial_throughput",
 ]
 
 _log = logging.getLogger("tuner.best")
@@ -99,28 +100,6 @@ class BestSetting:
         """``batch`` times ``accumulation_steps``: what one optimizer step sees."""
         return self.settings.batch * self.settings.accumulation_steps
 
-    def training_arguments(self) -> dict[str, Any]:
-        """The Hugging Face ``TrainingArguments`` fields of the setting.
-
-        ``gradient_accumulation_steps`` is ``accumulation_steps``, so a study run with
-        ``--effective-batch`` keeps the effective batch. The intra-op threads are not among
-        them (TrainingArguments has no such field): :meth:`apply` sets them.
-        """
-        if self.batch_param != "batch_size":
-            raise ValueError(
-                f"study {self.study_name} tuned {self.batch_param}, a batch sampler's budget; "
-                "TrainingArguments take a per_device_train_batch_size"
-            )
-        workers = self.settings.num_workers
-        return {
-            "per_device_train_batch_size": self.batch,
-            "gradient_accumulation_steps": self.accumulation_steps,
-            "dataloader_num_workers": workers,
-            "dataloader_prefetch_factor": self.settings.prefetch_factor if workers else None,
-            "dataloader_pin_memory": self.settings.pin_memory,
-            "dataloader_persistent_workers": self.settings.persistent_workers if workers else False,
-        }
-
     def apply(self, log: logging.Logger | None = None) -> int:
         """Set the main process's intra-op threads as tuned (logged); returns the previous count.
 
@@ -179,6 +158,34 @@ class BestSetting:
         return dataloader_snippet(
             self.settings, self.batch_param, self.objective, self.workload_options
         )
+
+
+def trial_throughput(trial: FrozenTrial, medians: Mapping[int, float]) -> float:
+    """The re-measured median when there is one, else the trial's own window."""
+    return float(medians.get(trial.number, trial.value or 0.0))
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The re-measured winner when the study has one, else Optuna's best trial.
+
+    A trial finished after the last re-measurement wins only if its own window beats the
+    re-measured winner by more than the noise of one window (5%).
+    """
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        return None
+    medians = remeasured(study)
+    by_number = {trial.number: trial for trial in complete}
+    number = stored_best_number(study)
+    newest = max(complete, key=lambda t: t.value or 0.0)
+    if number not in by_number:
+        return newest
+    chosen = by_number[number]
+    if newest.number not in medians and (newest.value or 0.0) > 1.05 * trial_throughput(
+        chosen, medians
+    ):
+        return newest
+    return chosen
 
 
 def study_best(study: optuna.Study) -> BestSetting | None:

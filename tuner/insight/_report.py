@@ -22,15 +22,15 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
+from storage import read_trial_text
 from tuner._attrs import has_settings, remeasured, study_batch_param, trial_settings
 from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
 from tuner.insight._best import BestSetting, study_best
 from tuner.insight._diagnosis import diagnose_trial
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._summary import efficiency, study_diagnosis, trial_throughput
-from tuner.search._settings import LoaderSettings
-from tuner.trial._artifacts import read_trial_text
-from tuner.trial._telemetry import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
+from tuner.search import LoaderSettings
+from tuner.trial import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
 
 __all__ = ["build_report", "trial_timeline"]
 

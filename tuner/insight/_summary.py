@@ -9,24 +9,23 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner._attrs import has_settings, remeasured, stored_best_number, trial_settings
+from tuner._attrs import has_settings, remeasured, trial_settings
 from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
     BASELINE_RULE_OF_THUMB,
     CEILING_ATTR,
 )
+from tuner.insight._best import best_trial, trial_throughput
 from tuner.insight._diagnosis import Diagnosis, diagnose_trial, more_workers_were_slower
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._table import format_table
 
 __all__ = [
-    "best_trial",
     "efficiency",
     "print_summary",
     "speedups",
     "study_diagnosis",
-    "trial_throughput",
 ]
 
 
@@ -35,34 +34,6 @@ def efficiency(samples_per_sec: float | None, ceiling: float | None) -> float | 
     if samples_per_sec is None or not ceiling or ceiling <= 0:
         return None
     return float(samples_per_sec) / float(ceiling)
-
-
-def trial_throughput(trial: FrozenTrial, medians: Mapping[int, float]) -> float:
-    """The re-measured median when there is one, else the trial's own window."""
-    return float(medians.get(trial.number, trial.value or 0.0))
-
-
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The re-measured winner when the study has one, else Optuna's best trial.
-
-    A trial finished after the last re-measurement wins only if its own window beats the
-    re-measured winner by more than the noise of one window (5%).
-    """
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not complete:
-        return None
-    medians = remeasured(study)
-    by_number = {trial.number: trial for trial in complete}
-    number = stored_best_number(study)
-    newest = max(complete, key=lambda t: t.value or 0.0)
-    if number not in by_number:
-        return newest
-    chosen = by_number[number]
-    if newest.number not in medians and (newest.value or 0.0) > 1.05 * trial_throughput(
-        chosen, medians
-    ):
-        return newest
-    return chosen
 
 
 def speedups(study: optuna.Study, best: FrozenTrial) -> dict[str, float]:

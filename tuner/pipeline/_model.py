@@ -37,8 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tuner.pipeline._profile import PipelineProfile, RateTable
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import MAX_WORKERS, SearchSpace
+from tuner.search import MAX_WORKERS, LoaderSettings, SearchSpace
 
 __all__ = [
     "HARD_MAX_WORKERS",

@@ -21,8 +21,8 @@ from storage import open_storage
 from tuner import machine
 from tuner._naming import study_name
 from tuner.run._samplers import SAMPLERS
-from tuner.search._space import SearchSpace, SpaceError
-from tuner.trial._guard import GuardLimits, default_limits
+from tuner.search import SearchSpace, SpaceError
+from tuner.trial import GuardLimits, default_limits
 
 __all__ = ["ConfigError", "PreparedStudy", "StudyConfig", "prepare", "trial_deadline"]
 

@@ -21,8 +21,7 @@ from tuner._naming import STEP_RATES_ATTR, is_memory_reason
 from tuner.run._config import ConfigError, PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
 from tuner.run._tools import make_job
-from tuner.trial._protocol import Fits, Job, Mode
-from tuner.trial._supervisor import Supervisor
+from tuner.trial import Fits, Job, Mode, Supervisor
 
 __all__ = [
     "MAX_BATCH_ATTR",

@@ -28,10 +28,8 @@ from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
 from tuner._attrs import BATCH_PARAM_ATTR, remeasured
 from tuner._naming import BOUND_ATTR, METRIC_NAME, objective_label
-from tuner.fleet._heartbeat import StaleTrials, heartbeat
-from tuner.fleet._warm_start import enqueue_warm_start
-from tuner.insight import best_trial
-from tuner.insight._note import save_study_note
+from tuner.fleet import StaleTrials, enqueue_warm_start, heartbeat
+from tuner.insight import best_trial, save_study_note
 from tuner.pipeline import PipelineModel
 from tuner.run import _pipeline
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling, study_space_and_ceiling
@@ -47,9 +45,8 @@ from tuner.run._samplers import (
     resumed_seed,
 )
 from tuner.run._tools import make_runner, trial_tools
-from tuner.search._baselines import enqueue_baselines
-from tuner.search._space import SearchSpace
-from tuner.trial._supervisor import Supervisor
+from tuner.search import SearchSpace, enqueue_baselines
+from tuner.trial import Supervisor
 
 __all__ = ["StudyResult", "no_result_message", "run_study"]
 

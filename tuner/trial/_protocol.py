@@ -15,7 +15,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 __all__ = ["Failure", "Fits", "Job", "Message", "Mode", "Progress", "Result"]
 
