@@ -3,6 +3,10 @@
 PostgreSQL: ``TEST_DB_URL`` names a server database to create scratch databases beside (default
 ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``). Locally a test may skip when no server
 answers; under CI (``CI`` set) a missing server is a failure.
+
+Under CI every skip is a failure (:func:`pytest_runtest_makereport`): CI installs every extra and
+runs every server, so a test that cannot run there hides a broken set-up. Only tests marked
+``gpu`` (they need, or need the absence of, a GPU that NVML reads) may skip.
 """
 
 from __future__ import annotations
@@ -23,6 +27,22 @@ from storage.testing import scratch_database
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Hugging Face tests build models from configs
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Turn a skip into a failure under CI (``CI`` set), but for tests marked ``gpu``."""
+    report = yield
+    if (
+        report.skipped
+        and os.environ.get("CI")
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("gpu") is None
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, where every test must run: {reason}"
+    return report
 
 
 @pytest.fixture

@@ -5,12 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
-import pytest
 
 from storage.testing import served_proxy
 from tests.conftest import run_cli, study_cli
-
-pytest.importorskip("grpc")
 
 
 def test_a_study_through_the_grpc_proxy(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ NVML_HERE = nvml_works_here()
 # --- the real NVML -----------------------------------------------------------------------------
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(NVML_HERE, reason="this machine has a GPU that NVML can read")
 def test_open_without_nvml_gives_no_gpu_reader_and_one_info_line(
     caplog: pytest.LogCaptureFixture,
@@ -57,6 +58,7 @@ def test_open_without_nvml_gives_no_gpu_reader_and_one_info_line(
     reader.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not NVML_HERE, reason="needs a GPU that NVML can read")
 def test_open_with_nvml_reads_every_device() -> None:
     reader = open_gpu_reader()

@@ -7,7 +7,6 @@ import time
 import warnings
 
 import optuna
-import pytest
 from optuna.trial import TrialState
 
 from storage import open_storage
@@ -58,7 +57,6 @@ def test_a_beating_trial_is_left_alone(sqlite_url: str) -> None:
 def test_through_the_grpc_proxy_a_trial_whose_worker_stopped_beating_is_failed_and_requeued(
     sqlite_url: str,
 ) -> None:
-    pytest.importorskip("grpc")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with served_proxy(sqlite_url) as url:
         study = optuna.create_study(storage=open_storage(url), study_name="proxied")

@@ -16,11 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
-
-pytest.importorskip("lightning")
-
 import lightning as L
+import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 

