@@ -250,4 +250,7 @@ def test_passwords_never_appear(postgres_url: str) -> None:
         *QUICK,
     )
     assert bad.returncode == 2 and secret not in bad.stderr and "***" in bad.stderr
-    assert secret not in run_cli("tuner.profiles", "list", "--storage", url).stdout
+    listed = run_cli("tuner.profiles", "list", "--storage", url)
+    assert listed.returncode == 0, listed.stderr
+    assert secret not in listed.stdout + listed.stderr
+    assert STUDY.split("@")[1] in listed.stdout  # it read the study's profile, not nothing

@@ -324,9 +324,13 @@ def test_the_default_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path
     for trial in trials[3:]:
         if trial.user_attrs.get("model_seed") in ("corrected", "neighbour"):
             assert trial.user_attrs["corrected_samples_per_sec"] > 0
-    for trial in trials:
-        if trial.state == optuna.trial.TrialState.COMPLETE:
-            assert trial.user_attrs["predicted_samples_per_sec"] > 0
-            assert trial.user_attrs["bound_efficiency"] == pytest.approx(
-                trial.value / attrs["bound_samples_per_sec"]
-            )
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    bound = attrs["bound_samples_per_sec"]
+    for trial in complete:
+        # The bound is the best ideal rate over a space wider than the study's (ties within
+        # 1% go to the cheaper setting): no trial's prediction is above it.
+        assert 0 < trial.user_attrs["predicted_samples_per_sec"] <= 1.01 * bound
+    # Against one bound, the efficiencies rank the trials as their throughputs do.
+    by_value = sorted(complete, key=lambda t: t.value)
+    efficiencies = [t.user_attrs["bound_efficiency"] for t in by_value]
+    assert efficiencies == sorted(efficiencies) and efficiencies[0] > 0
