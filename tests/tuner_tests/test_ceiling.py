@@ -8,6 +8,7 @@ sampler's random start are done and its best has been re-measured.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -147,8 +148,12 @@ def test_the_main_processs_peak_is_kept_per_batch_value() -> None:
     steps = measure_step_rates(
         fast(), settings, CPU, window_s=0.05, warmup_s=0.0, batches=[8, 64, 512]
     )
+    assert sorted(steps.peak_bytes) == [8, 64, 512]
     peaks = [steps.peak_bytes[batch] for batch in (8, 64, 512)]
-    assert peaks[0] > 0 and peaks == sorted(peaks)  # a high-water mark, batch by batch
+    # A high-water mark, batch by batch. Estimated from PSS, which drops a little whenever
+    # another process maps the same libraries: never down by more than that jitter.
+    assert peaks[0] > 0
+    assert all(later >= earlier - 4 * 2**20 for earlier, later in itertools.pairwise(peaks))
 
 
 def _study_with_one_measured_trial(url: str, workload: Workload, batch: int) -> optuna.Study:
