@@ -54,7 +54,9 @@ def _running_trial_number(url: str) -> int:
     return number
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda sig: sig.name)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda sig: sig.name
+)
 def test_a_signalled_study_leaves_no_process_and_no_running_trial(
     postgres_url: str, sig: signal.Signals
 ) -> None:
