@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+import pytest
 
 from storage.testing import served_proxy
 from tests.conftest import run_cli, study_cli
 
 
+@pytest.mark.slow
 def test_a_study_through_the_grpc_proxy(tmp_path: Path) -> None:
     database = f"sqlite:///{tmp_path / 'fleet.db'}"
     with served_proxy(database) as url:

@@ -81,6 +81,7 @@ def _wait_for(predicate: object, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_three_workers_finish_exactly_the_total_with_baselines_once(postgres_url: str) -> None:
     workers = [_worker(postgres_url, "--total-trials", "9", "--n-trials", "50") for _ in range(3)]
     outputs = [worker.communicate(timeout=600) for worker in workers]
@@ -109,6 +110,7 @@ def test_three_workers_finish_exactly_the_total_with_baselines_once(postgres_url
     assert "num_workers" in json.loads(best.stdout)["dataloader"]
 
 
+@pytest.mark.slow
 def test_two_workers_under_the_default_strategy_share_one_profile_and_one_seed(
     postgres_url: str,
 ) -> None:
@@ -136,6 +138,7 @@ def test_two_workers_under_the_default_strategy_share_one_profile_and_one_seed(
     assert len(settings) == len(set(settings))
 
 
+@pytest.mark.slow
 def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(postgres_url: str) -> None:
     fleet = [
         "--heartbeat-interval",
@@ -174,6 +177,7 @@ def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(postgres_url: s
     assert sum(t.state in FINISHED for t in trials) == 6
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("pg_ctlcluster") is None, reason="needs the local PostgreSQL cluster tools"
 )
@@ -212,6 +216,7 @@ def test_a_database_restart_mid_study_loses_nothing(postgres_url: str) -> None:
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.FAIL)]
 
 
+@pytest.mark.slow
 def test_passwords_never_appear(postgres_url: str) -> None:
     secret = "s3cret-pw-123"
     # The server trusts local connections, so any password is accepted: the point is that

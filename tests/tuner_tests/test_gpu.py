@@ -13,6 +13,7 @@ from tuner.machine._gpu import (
     gpu_memory_used_bytes,
     open_gpu_reader,
 )
+from tuner.run._config import gpu_index
 from tuner.testing import StaticGpuReader, fake_nvml
 
 GiB = 2**30
@@ -190,3 +191,14 @@ def test_gpu_memory_used_is_the_fullest_selected_device(
 
 def test_gpu_memory_used_without_readings_is_none() -> None:
     assert gpu_memory_used_bytes([]) is None
+
+
+@pytest.mark.parametrize(
+    ("device", "index"), [("cuda", 0), ("cuda:0", 0), ("cuda:3", 3), ("cpu", 0)]
+)
+def test_the_guard_watches_the_nvml_index_of_the_trials_device(
+    monkeypatch: pytest.MonkeyPatch, device: str, index: int
+) -> None:
+    """Without ``CUDA_VISIBLE_DEVICES`` NVML counts devices as CUDA does."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_index(device) == index

@@ -162,6 +162,7 @@ def _wait_for(phase: Phase, study: subprocess.Popen[bytes], db: StudyDb, log: Pa
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", list(PHASES))
 def test_killed_study_leaves_no_process_alive(tmp_path: Path, phase: str) -> None:
     db_path = tmp_path / "tuner.db"

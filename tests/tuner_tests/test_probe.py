@@ -27,6 +27,7 @@ PEAKS = {4: 220 * MiB, 8: 290 * MiB, 16: 430 * MiB, 32: 700 * MiB, 64: 1250 * Mi
 """The heavy workload's step peaks as a ceiling child reads them (8 MiB samples, twice)."""
 
 
+@pytest.mark.slow
 def test_the_probe_bounds_the_batch_size_by_the_wall(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 't.db'}"
     result = study_cli(
@@ -61,6 +62,7 @@ def _study(storage: str) -> optuna.Study:
     return optuna.load_study(study_name=summary.study_name, storage=storage)
 
 
+@pytest.mark.slow
 def test_where_nothing_stops_the_ceiling_its_climb_is_the_edge(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 't.db'}"
     objective = "tests.tuner_tests.test_probe:cliff"
