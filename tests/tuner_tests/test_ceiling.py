@@ -84,7 +84,10 @@ def test_the_ceiling_is_the_step_alone_and_a_fast_loader_reaches_it() -> None:
     assert 0 < ceiling <= BATCH / STEP_S  # each step sleeps STEP_S at least
     measured = measure(workload, settings, CPU, window_s=0.5, warmup_s=0.05)
     share = efficiency(measured.samples_per_sec, ceiling)
-    assert share is not None and share >= 0.95
+    # Two windows of the same sleeping step, one with a loader whose batch is a slice: within
+    # what a busy machine's scheduling moves a 50 ms sleep by, which a slow loader is not
+    # (the test below: under half).
+    assert share is not None and share >= 0.8
 
 
 def test_a_slow_loader_stays_far_below_the_ceiling() -> None:
