@@ -165,7 +165,7 @@ def test_a_trial_that_fills_dev_shm_is_pruned_by_the_shm_limit(tmp_path: Path) -
     assert guarded and guarded[0].number == 0  # the first baseline ran, and filled /dev/shm
     for trial in guarded:
         assert trial.user_attrs["guard_limit_bytes"] == limit
-        assert trial.user_attrs["guard_reading_bytes"] > limit
+        assert trial.user_attrs["guard_reading_bytes"] > usage.used_bytes  # the fill was seen
     for trial in trials:
         if trial not in guarded:  # skipped: at least as large as a setting that did not fit
             assert trial.user_attrs["pruned_reason"] == "memory_wall", trial.user_attrs
