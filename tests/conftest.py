@@ -3,6 +3,10 @@
 PostgreSQL: ``TEST_DB_URL`` names a server database to create scratch databases beside (default
 ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``). Locally a test may skip when no server
 answers; under CI (``CI`` set) a missing server is a failure.
+
+Under CI every skip is a failure (:func:`pytest_runtest_makereport`): CI installs every extra and
+runs every server, so a test that cannot run there hides a broken set-up. Only tests marked
+``gpu`` (they need, or need the absence of, a GPU that NVML reads) may skip.
 """
 
 from __future__ import annotations
@@ -25,6 +29,33 @@ from storage.testing import scratch_database
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Hugging Face tests build models from configs
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+_running_test: pytest.Item | None = None
+"""The test being set up or run, for :func:`_python`'s check that a study runs only in a
+``slow`` test (module-scoped fixtures run during the first test's set-up)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _running_test
+    _running_test = item
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Turn a skip into a failure under CI (``CI`` set), but for tests marked ``gpu``."""
+    report = yield
+    if (
+        report.skipped
+        and os.environ.get("CI")
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("gpu") is None
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, where every test must run: {reason}"
+    return report
 
 
 @pytest.fixture
@@ -74,7 +105,7 @@ def _python(
     argv: list[str], cwd: Path | None, env: dict[str, str] | None, timeout: float
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
+    result = subprocess.run(
         [sys.executable, *argv],
         cwd=cwd or ROOT,
         env=full_env,
@@ -82,6 +113,13 @@ def _python(
         text=True,
         timeout=timeout,
     )
+    # A study that got past its flags (exit 2 is a refused input) ran: the fast path
+    # (-m "not slow") must not hold it.
+    if argv[:2] == ["-m", "tuner.study"] and result.returncode != 2:
+        test = _running_test
+        if test is not None and test.get_closest_marker("slow") is None:
+            pytest.fail(f"{test.nodeid} runs a study: mark it @pytest.mark.slow")
+    return result
 
 
 QUICK_TRIALS = ("--trial-seconds", "0.4", "--warmup-seconds", "0.1", "--no-progress")

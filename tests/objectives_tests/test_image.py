@@ -167,7 +167,12 @@ def test_unknown_choices_list_the_known_ones() -> None:
         image_workload(**SMALL, collate="half")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="has torchvision")
-def test_resnet50_without_torchvision_says_what_to_install() -> None:
+def test_resnet50_without_torchvision_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(  # a machine without torchvision, whether or not this one has it
+        importlib.util,
+        "find_spec",
+        lambda name, *rest: None if name == "torchvision" else find_spec(name, *rest),
+    )
     with pytest.raises(ValueError, match=r"needs torchvision \(pip install torchvision\)"):
         image_workload(**SMALL, model="resnet50")

@@ -7,11 +7,8 @@ import re
 import warnings
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("lightning")
-
 import optuna
+import pytest
 import torch
 from torch.utils.data import DataLoader
 

@@ -106,6 +106,7 @@ def _expected(setting: BestSetting) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_every_path_delivers_the_whole_setting(image_study: str, tmp_path: Path) -> None:
     setting = tuner.best_setting("auto", objective="image", storage=image_study)
     expected = _expected(setting)
@@ -127,6 +128,7 @@ def test_every_path_delivers_the_whole_setting(image_study: str, tmp_path: Path)
     assert _in_fresh_process(JSON.format(path=str(path)), setting) == expected
 
 
+@pytest.mark.slow
 def test_the_json_is_the_documented_shape(image_study: str) -> None:
     as_json = json.loads(best_cli(image_study, "image", "--format", "json").stdout)
     setting = tuner.best_setting("auto", objective="image", storage=image_study)
@@ -154,6 +156,7 @@ def test_the_json_is_the_documented_shape(image_study: str) -> None:
     assert as_json["knobs"] == {"collate": "uint8"}
 
 
+@pytest.mark.slow
 def test_apply_sets_the_threads_and_says_so(
     image_study: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -170,6 +173,7 @@ def test_apply_sets_the_threads_and_says_so(
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_the_table_and_the_summary_name_the_same_best(image_study: str) -> None:
     setting = tuner.best_setting("auto", objective="image", storage=image_study)
     table = best_cli(image_study, "image")

@@ -21,20 +21,14 @@ import optuna
 import pytest
 import torch
 
-for _name in ("transformers", "datasets", "accelerate"):
-    pytest.importorskip(_name)
-
-from objectives import WorkloadError  # noqa: E402
-from tests.conftest import QUICK_TRIALS, ROOT  # noqa: E402
-from tests.objectives_tests import hf_script  # noqa: E402
-from tuner import best_setting  # noqa: E402
-from tuner._attrs import trial_settings  # noqa: E402
-from tuner.insight import BestSetting  # noqa: E402
-from tuner.integrations.huggingface import (  # noqa: E402
-    training_arguments,
-    tuned_training_arguments,
-)
-from tuner.search._settings import LoaderSettings  # noqa: E402
+from objectives import WorkloadError
+from tests.conftest import QUICK_TRIALS, ROOT
+from tests.objectives_tests import hf_script
+from tuner import best_setting
+from tuner._attrs import trial_settings
+from tuner.insight import BestSetting
+from tuner.integrations.huggingface import training_arguments, tuned_training_arguments
+from tuner.search._settings import LoaderSettings
 
 EXAMPLE = Path(__file__).with_name("hf_train.py")
 SECTION = "## From a Hugging Face Trainer"
@@ -145,6 +139,15 @@ def test_tuned_training_arguments_give_a_trainer_that_loads_as_tuned(example: Ex
         torch.set_num_threads(threads)
     assert args.per_device_train_batch_size == 12  # the arguments passed in are left alone
     assert tuned.learning_rate == 3e-3 and tuned.output_dir == args.output_dir
+    # Each field against the stored setting itself (not the arguments the code builds from it).
+    setting = best.settings
+    assert tuned.per_device_train_batch_size == setting.batch
+    assert tuned.gradient_accumulation_steps == setting.accumulation_steps
+    assert tuned.per_device_train_batch_size * tuned.gradient_accumulation_steps == 32
+    assert tuned.dataloader_num_workers == setting.num_workers
+    assert tuned.dataloader_pin_memory == setting.pin_memory
+    assert tuned.dataloader_prefetch_factor == setting.prefetch_factor
+    assert tuned.dataloader_persistent_workers == setting.persistent_workers
     assert {key: getattr(tuned, key) for key in FIELDS} == training_arguments(best)
 
     loader = hf_script.make_trainer(tuned).get_train_dataloader()

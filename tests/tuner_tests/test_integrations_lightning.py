@@ -16,11 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
-
-pytest.importorskip("lightning")
-
 import lightning as L
+import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
@@ -161,6 +158,7 @@ def test_a_token_budget_is_not_a_batch_size_one_line() -> None:
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_without_a_study_the_run_trains_with_its_own_loader_and_a_warning(
     example: ModuleType, tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shutil
 import signal
 import time
 
@@ -208,15 +209,21 @@ SHM_FILE_PREFIX = "tuner-tests-shm-fill-"
 """Files :class:`ShmFilling` leaves in /dev/shm; whoever runs it removes them afterwards."""
 
 
+SHM_FILL_SHARE = 8
+"""Each process of :class:`ShmFilling` writes at most this fraction (1/8) of what was free."""
+
+
 class ShmFilling(Vectors):
     """Each worker writes 2 MiB into /dev/shm per sample, as a leaking shared-memory cache would.
 
-    It stops at 256 MiB per process, so a guard that fails to act cannot fill the machine's tmpfs.
+    It stops at 256 MiB per process, or an eighth of what /dev/shm had free when the dataset was
+    built (Docker's default is 64 MiB), so a guard that fails to act cannot fill the tmpfs.
     """
 
     def __init__(self, directory: str = "/dev/shm", cap_bytes: int = 256 * 2**20) -> None:
         super().__init__(size=10_000)
-        self.directory, self.cap_bytes = directory, cap_bytes
+        free = shutil.disk_usage(directory).free
+        self.directory, self.cap_bytes = directory, min(cap_bytes, free // SHM_FILL_SHARE)
         self._written = 0
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:

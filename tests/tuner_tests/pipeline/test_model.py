@@ -294,7 +294,16 @@ def test_a_crowded_best_is_seeded_with_the_best_within_the_cores() -> None:
     seeds = model_seeds(_decoding(), space)
     assert [why for why, _ in seeds] == ["predicted-best", "within-cores"]
     (_, best), (_, calm) = seeds
-    assert best == predicted_best(_decoding(), space)
+    # The first seed is the fastest setting by a second, brute-force pass over the space
+    # (ties within 1% go to the cheaper one): the two-thread step, which runs 1.7x faster.
+    rates = [
+        predict(_decoding(), _settings(space, workers, batch, threads)).samples_per_sec
+        for workers in range(space.max_workers + 1)
+        for batch in space.batch_choices()
+        for threads in (1, 2)
+    ]
+    assert predict(_decoding(), best).samples_per_sec >= max(rates) / 1.01
+    assert best.torch_num_threads == 2 and best.num_workers >= 2
     assert predict(_decoding(), best).contended
     # One busy worker beside a one-thread step: 2 cores, no crowd, the loader off the main process.
     assert (calm.num_workers, calm.torch_num_threads) == (1, 1)
