@@ -280,11 +280,6 @@ REFUSED = [
         exit_code=1,
     ),
     Case(
-        "best-without-hardware",
-        ("tuner.best", "--storage", "{db}"),
-        "the following arguments are required: --hardware",
-    ),
-    Case(
         "best-unknown-profile",
         ("tuner.best", "--hardware", "no-such-box", "--storage", "{db}"),
         "no-such-box",
