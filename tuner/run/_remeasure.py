@@ -244,6 +244,8 @@ def remeasure(
     medians = {number: statistics.median(values) for number, values in runs.items() if values}
     for number, values in held.items():
         medians.setdefault(number, statistics.median(values))
+    if not medians:  # every round failed: nothing to record
+        return {}
     # Fresh rounds a later selection of this run may count (an early-stop check's pick).
     runner.rounds.setdefault(pick, []).extend(held.get(pick, []))
 
