@@ -142,7 +142,9 @@ def _add_finish_flags(run: argparse._ArgumentGroup) -> None:
         "--remeasure-rounds",
         type=int,
         default=StudyConfig.remeasure_rounds,
-        help="fresh rounds per re-measured setting; the best is the highest median",
+        help="hold-out rounds of the pick and the baselines, side by side, after the selection "
+        "(their median is the printed figure); the selection itself re-measures while the "
+        "decision is open",
     )
     add_artifact_dir(run)
     run.add_argument(

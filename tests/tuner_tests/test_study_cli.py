@@ -4,6 +4,7 @@ real DataLoader workers, a real SQLite file."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -326,3 +327,33 @@ def test_the_default_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path
     by_value = sorted(complete, key=lambda t: t.value)
     efficiencies = [t.user_attrs["bound_efficiency"] for t in by_value]
     assert efficiencies == sorted(efficiencies) and efficiencies[0] > 0
+
+
+@pytest.mark.slow
+def test_the_printed_figure_is_the_hold_out_median(tmp_path: Path) -> None:
+    """After the pick, fresh rounds of it and of the baselines side by side: the summary prints
+    their median with its spread, the speedups come from them, and the phases' time is one line."""
+    db = tmp_path / "tuner.db"
+    objective = "tests.tuner_tests.workloads:off_cpu"
+    flags = ["--n-trials", "4", "--seed", "0", "--remeasure-rounds", "2", *GP]
+    result = study_cli(f"sqlite:///{db}", objective, *flags)
+    assert result.returncode == 0, result.stderr
+    study = _study(db, objective)
+    held = {int(n): rounds for n, rounds in study.user_attrs["holdout_samples_per_sec"].items()}
+    best = int(study.user_attrs["best_trial_number"])
+    rounds = held[best]
+    assert len(rounds) == 2
+    median = statistics.median(rounds)
+    figure = (
+        f"best: trial {best}, {median:,.0f} samples/s (median of 2 hold-out rounds, "
+        f"{min(rounds):,.0f}-{max(rounds):,.0f})"
+    )
+    assert figure in result.stdout, result.stdout
+    trials = study.get_trials(deepcopy=False)
+    default = next(t for t in trials if t.user_attrs.get("baseline") == "pytorch-default")
+    if default.number != best:
+        ratio = median / statistics.median(held[default.number])
+        assert f"{ratio:.2f}x over pytorch-default" in result.stdout
+    assert "time: set-up " in result.stdout and ", re-measuring " in result.stdout
+    as_json = json.loads(best_cli(f"sqlite:///{db}", objective, "--format", "json").stdout)
+    assert as_json["samples_per_sec"] == median and as_json["holdout_rounds"] == rounds

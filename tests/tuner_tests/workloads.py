@@ -1,5 +1,5 @@
-"""Small user-style workloads for the tuner's tests: fast, leaky, ramping, settling, hanging,
-raising, dying.
+"""Small user-style workloads for the tuner's tests: fast, off the CPU, leaky, ramping, settling,
+hanging, raising, dying.
 
 They are real workloads (real datasets, real DataLoader workers); each misbehaves the way user
 code does in the field, so the supervisor and the guard are tested against the real thing.
@@ -155,6 +155,24 @@ def spiking_twin() -> Workload:
     """:func:`spiking` without its spike."""
     return dataclasses.replace(
         spiking(), make_step=functools.partial(_SpikeOnceStep, spike_bytes=0)
+    )
+
+
+def _sleeping_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    """A step that leaves the CPU idle, as a CUDA step does while the host waits on the device
+    (or a remote service's call): 2 ms a batch and 0.1 ms a sample of wall time, no CPU."""
+    time.sleep(0.002 + 0.0001 * len(batch[0]))
+
+
+def off_cpu() -> Workload:
+    """Samples decoded on the CPU in the workers (a little arithmetic per sample), a step off the
+    CPU: the workers should get the cores, the main process's threads have nothing to do."""
+    return Workload(
+        name="off_cpu",
+        dataset=Vectors(size=2048, work=200),
+        step=_sleeping_step,
+        default_batch_size=32,
+        batch_size_range=(16, 64),
     )
 
 

@@ -2,10 +2,11 @@
 
 :func:`best_setting` (the Python API and ``python -m tuner.best`` in every format),
 ``tuner.loader``, the dashboard note, the HTML report and ``tuner.profiles`` all name the best
-through :func:`study_best`: the re-measured winner (``best_trial``) with its re-measured median
-as the figure. A :class:`BestSetting` carries the whole setting, not only the DataLoader
-arguments: the main process's intra-op threads (on 2 busy cores, 2 threads instead of 1 cost a
-third of the throughput) and the workload's knobs.
+through :func:`study_best`: the re-measured winner (``best_trial``) with its figure
+(:func:`~tuner.insight._figure.trial_figure`: the hold-out's median where the study took one).
+A :class:`BestSetting` carries the whole setting, not only the DataLoader arguments: the main
+process's intra-op threads (on 2 busy cores, 2 threads instead of 1 cost a third of the
+throughput) and the workload's knobs.
 
 Optuna's own ``study.best_trial`` is the highest single window, which after re-measurement can
 be another trial: finished trials are immutable in Optuna, so the medians live in study attrs
@@ -28,6 +29,7 @@ from storage import default_storage_url, mask_url, open_storage, sqlite_file_mis
 from tuner import machine
 from tuner._attrs import remeasured, stored_best_number, study_batch_param, trial_settings
 from tuner._naming import study_name as study_name_for
+from tuner.insight._figure import Figure, trial_figure
 from tuner.insight._snippet import dataloader_snippet
 from tuner.search import LoaderSettings
 
@@ -54,10 +56,12 @@ class NoResultError(LookupError):
 class BestSetting:
     """The best setting of one study and what it was measured at.
 
-    ``samples_per_sec`` is the re-measured median where the study re-measured the trial
-    (``remeasured``), else its own window; ``window_samples_per_sec`` is always the trial's own
-    window (Optuna's value). ``batch`` is the tuned value of ``batch_param`` (``batch_size``, or
-    a token budget such as ``max_tokens`` that the workload's batch sampler takes).
+    ``samples_per_sec`` is the median of the hold-out rounds after the pick where the study took
+    them (``holdout_rounds``: rounds that did not choose it, so no winner's curse), else the
+    re-measured median where the study re-measured the trial (``remeasured``), else its own
+    window; ``window_samples_per_sec`` is always the trial's own window (Optuna's value).
+    ``batch`` is the tuned value of ``batch_param`` (``batch_size``, or a token budget such as
+    ``max_tokens`` that the workload's batch sampler takes).
     """
 
     study_name: str
@@ -70,7 +74,15 @@ class BestSetting:
     finished_trials: int
     objective: str | None = None
     workload_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    holdout_rounds: tuple[float, ...] = ()
     trial: FrozenTrial | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def figure(self) -> Figure:
+        """``samples_per_sec`` and where it comes from, with the hold-out's spread."""
+        if self.holdout_rounds:
+            return Figure(self.samples_per_sec, "hold-out", self.holdout_rounds)
+        return Figure(self.samples_per_sec, "re-measured" if self.remeasured else "window")
 
     @property
     def dataloader_kwargs(self) -> dict[str, Any]:
@@ -128,14 +140,17 @@ class BestSetting:
         return load_workload(self.objective, self.workload_options).with_knobs(self.knobs)
 
     def summary(self) -> str:
-        how = "re-measured median" if self.remeasured else "its own window"
+        """``<study>: trial N, <figure> (<how>), best of M finished trials``."""
+        figure = self.figure
+        text = figure.text() if figure.source == "hold-out" else f"{figure.text()} ({figure.how})"
         return (
-            f"{self.study_name}: trial {self.trial_number}, {self.samples_per_sec:,.1f} "
-            f"samples/s ({how}), best of {self.finished_trials} finished trials"
+            f"{self.study_name}: trial {self.trial_number}, {text}, "
+            f"best of {self.finished_trials} finished trials"
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The documented ``--format json`` shape: the whole setting, then the figures."""
+        """The documented ``--format json`` shape: the whole setting, then the figures; the
+        hold-out's rounds and their min-max last (empty and null without a hold-out)."""
         return {
             "dataloader": self.dataloader_kwargs,
             "torch_num_threads": self.torch_num_threads,
@@ -151,6 +166,12 @@ class BestSetting:
             "remeasured": self.remeasured,
             "window_samples_per_sec": self.window_samples_per_sec,
             "finished_trials": self.finished_trials,
+            "holdout_rounds": list(self.holdout_rounds),
+            "holdout_range": (
+                [min(self.holdout_rounds), max(self.holdout_rounds)]
+                if self.holdout_rounds
+                else None
+            ),
         }
 
     def snippet(self) -> str:
@@ -193,7 +214,7 @@ def study_best(study: optuna.Study) -> BestSetting | None:
     best = best_trial(study)
     if best is None:
         return None
-    medians = remeasured(study)
+    figure = trial_figure(study, best)
     finished = sum(
         t.state in (TrialState.COMPLETE, TrialState.PRUNED)
         for t in study.get_trials(deepcopy=False)
@@ -204,12 +225,13 @@ def study_best(study: optuna.Study) -> BestSetting | None:
         trial_number=best.number,
         settings=trial_settings(best),
         batch_param=study_batch_param(study),
-        samples_per_sec=trial_throughput(best, medians),
-        remeasured=best.number in medians,
+        samples_per_sec=figure.samples_per_sec,
+        remeasured=figure.source != "window",
         window_samples_per_sec=float(best.value or 0.0),
         finished_trials=finished,
         objective=attrs.get("objective"),
         workload_options=dict(attrs.get("workload_options") or {}),
+        holdout_rounds=figure.rounds,
         trial=best,
     )
 

@@ -329,7 +329,7 @@ def _headline(study: optuna.Study, chosen: BestSetting, ceiling: float | None) -
     trials = study.get_trials(deepcopy=False)
     counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
     summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
-    headline = f"best: trial {chosen.trial_number}, {chosen.samples_per_sec:,.1f} samples/s"
+    headline = f"best: trial {chosen.trial_number}, {chosen.figure.text()}"
     if ceiling:
         headline += (
             f", {efficiency(chosen.samples_per_sec, ceiling):.0%} of the ceiling "

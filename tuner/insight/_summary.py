@@ -9,7 +9,7 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner._attrs import has_settings, remeasured, trial_settings
+from tuner._attrs import has_settings, phase_seconds, remeasured, trial_settings
 from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
     BASELINE_RULE_OF_THUMB,
@@ -17,6 +17,7 @@ from tuner._naming import (
 )
 from tuner.insight._best import best_trial, trial_throughput
 from tuner.insight._diagnosis import Diagnosis, diagnose_trial, more_workers_were_slower
+from tuner.insight._figure import trial_figure
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._table import format_table
@@ -37,14 +38,17 @@ def efficiency(samples_per_sec: float | None, ceiling: float | None) -> float | 
 
 
 def speedups(study: optuna.Study, best: FrozenTrial) -> dict[str, float]:
-    """The best's throughput over each baseline's (re-measured where both were)."""
-    medians = remeasured(study)
+    """The best's figure over each baseline's (:func:`~tuner.insight._figure.trial_figure`:
+    the hold-out's medians, side by side, where the study took one)."""
     result = {}
+    mine = trial_figure(study, best).samples_per_sec
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         name = trial.user_attrs.get("baseline")
-        baseline = trial_throughput(trial, medians)
-        if name in (BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB) and baseline > 0:
-            result[name] = trial_throughput(best, medians) / baseline
+        if name not in (BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB):
+            continue
+        baseline = trial_figure(study, trial).samples_per_sec
+        if baseline > 0:
+            result[name] = mine / baseline
     return result
 
 
@@ -166,8 +170,11 @@ def print_summary(
     if diagnosis is not None:
         print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)
     _print_table(trials, medians, batch_param, top, verbose, out)
+    phases = phase_seconds(study)
+    if phases:
+        print("\ntime: " + ", ".join(f"{n} {s:,.0f} s" for n, s in phases.items()), file=out)
     if verbose:
-        throughput = trial_throughput(best, medians)
+        throughput = trial_figure(study, best).samples_per_sec
         ceiling = study.user_attrs.get(CEILING_ATTR)
         print(f"\ntrial {best.number}:", file=out)
         if ceiling:
@@ -181,9 +188,7 @@ def _print_best(
     study: optuna.Study, best: FrozenTrial, medians: Mapping[int, float], out: TextIO
 ) -> None:
     """The best trial, its figure and its speedups over the baselines."""
-    print(
-        f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s", file=out
-    )
+    print(f"\nbest: trial {best.number}, {trial_figure(study, best).text()}", file=out)
     rival = _higher_median(best, medians)
     if rival is not None:
         print(

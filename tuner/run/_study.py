@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
-from tuner._attrs import BATCH_PARAM_ATTR, remeasured
+from tuner._attrs import BATCH_PARAM_ATTR, record_phases, remeasured
 from tuner._naming import BOUND_ATTR, METRIC_NAME, objective_label
 from tuner.fleet import StaleTrials, enqueue_warm_start, heartbeat
 from tuner.insight import best_trial, save_study_note
@@ -102,6 +102,7 @@ def no_result_message(study: optuna.Study) -> str:
 
 
 def _run(config: StudyConfig) -> StudyResult:
+    started = time.monotonic()
     prepared = prepare(config)
     study, created = _create_or_resume(prepared)
     _log.info(
@@ -122,7 +123,9 @@ def _run(config: StudyConfig) -> StudyResult:
         runner = make_runner(prepared, tools, space, ceiling, model)
         _enqueue_first_trials(prepared, study, space, model)
         study = _with_sampler(prepared, study)
+        marks = [started, time.monotonic()]
         trials_run = _run_trials(prepared, study, runner)
+        marks.append(time.monotonic())
         medians = remeasure(
             study,
             runner,
@@ -132,7 +135,14 @@ def _run(config: StudyConfig) -> StudyResult:
             sys.stderr,
             config.progress,
         )
+        marks.append(time.monotonic())
+    phases = {
+        "set-up": marks[1] - marks[0],
+        "trials": marks[2] - marks[1],  # with the early-stop checks' re-measurements
+        "re-measuring": marks[3] - marks[2],
+    }
     with storage_lock(config.storage, prepared.study_name):
+        with_retry(lambda: record_phases(study, phases), "recording the phases' time")
         with_retry(lambda: save_study_note(study), "writing the study note")
     best = best_trial(study)
     return StudyResult(study, trials_run, best, medians, space.batch_param)
