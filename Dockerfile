@@ -10,7 +10,7 @@ COPY pyproject.toml README.md ./
 COPY tuner ./tuner
 COPY objectives ./objectives
 COPY storage ./storage
-RUN pip install --no-cache-dir ".[grpc]"
+RUN pip install --no-cache-dir ".[grpc,mysql]"
 RUN useradd --create-home tuner
 USER tuner
 WORKDIR /home/tuner

@@ -46,8 +46,7 @@ from tuner.run import (
     run_study,
     trial_tools,
 )
-from tuner.search._baselines import baseline_settings
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings, baseline_settings
 from tuner.search._space import MAX_PREFETCH_FACTOR, SearchSpace
 
 __all__ = [

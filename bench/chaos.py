@@ -1,17 +1,20 @@
-"""A fleet under faults: workers SIGKILLed mid-trial, a PostgreSQL restart, a stalled network.
+"""A fleet under faults: workers SIGKILLed mid-trial, a server restart, a stalled network.
 
     python -m bench.chaos [--workers 3] [--total-trials 40] [--kills 6] [--stall-seconds 8]
                           [--admin-url postgresql+psycopg://postgres@127.0.0.1:5432/postgres]
+    python -m bench.chaos --admin-url mysql://root@127.0.0.1:3306/test      # MariaDB
 
-Real ``tuner.study`` workers share one study in a scratch PostgreSQL database (beside
-``TEST_DB_URL`` or the local server, as :mod:`bench.fleet` makes them) until ``--total-trials``.
+Real ``tuner.study`` workers share one study in a scratch database on this machine's PostgreSQL
+or MariaDB server (beside ``--admin-url``'s database: ``TEST_DB_URL`` or the local PostgreSQL
+server by default, as :mod:`bench.fleet` makes them) until ``--total-trials``.
 Worker 0 reaches the database through a small TCP proxy on 127.0.0.1 that this script pauses
 once for ``--stall-seconds`` while that worker runs a trial (longer than the grace period, so
 its trial is failed as stale and retried elsewhere while it still holds it). Meanwhile:
 
 * ``--kills`` times, a random worker that is running a trial is SIGKILLed and started again; its
   process tree, walked just before the kill, is checked 2 s later;
-* once, the PostgreSQL server is restarted (``pg_ctlcluster ... restart``; it is shared, so one
+* once, the server is stopped and started again (``pg_ctlcluster``, or ``mariadb-admin
+  shutdown`` and ``mariadbd`` started as this machine's init starts it; it is shared, so one
   short restart per run, and the script checks that it is up when it exits).
 
 Reported from the study once every worker has exited: trials finished; lost (a setting that
@@ -28,7 +31,6 @@ import asyncio
 import contextlib
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,8 +47,14 @@ import psutil
 import sqlalchemy
 from optuna.trial import TrialState
 
+from storage import mask_url
 from storage._open import DEFAULT_MAX_RETRY
-from storage.testing import scratch_database
+from storage.testing import (
+    can_restart_local_server,
+    scratch_database,
+    start_local_server,
+    stop_local_server,
+)
 from tuner.insight._table import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +135,9 @@ class Worker:
         command = [
             sys.executable, "-m", "tuner.study", "--hardware", "auto", "--objective", OBJECTIVE,
             "--storage", self.url, "--total-trials", str(ARGS.total_trials), "--n-trials", "1000",
+            # GP, not the default model strategy, which may end the study early once its best
+            # has held: the faults are injected at fractions of --total-trials.
+            "--sampler", "gp",
             "--trial-seconds", "0.5", "--warmup-seconds", "0.1", "--remeasure-top", "0",
             "--heartbeat-interval", str(HEARTBEAT_S), "--grace-period", str(GRACE_S),
             "--no-progress",
@@ -171,27 +182,13 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-def _pg_version() -> str:
-    return sorted(os.listdir("/etc/postgresql"))[-1]
-
-
-def _pg(action: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", _pg_version(), "main", action],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 @contextlib.contextmanager
-def server_left_up() -> Iterator[None]:
-    """Whatever happens here, the shared server is running when this exits."""
+def server_left_up(url: str) -> Iterator[None]:
+    """Whatever happens here, the shared server of ``url`` is running when this exits."""
     try:
         yield
     finally:
-        if shutil.which("pg_ctlcluster") and _pg("status").returncode != 0:
-            _pg("start")
+        start_local_server(url)
 
 
 def _finished_count(engine: sqlalchemy.Engine) -> int | None:
@@ -214,6 +211,7 @@ class Chaos:
     workers: list[Worker]
     proxy: StallProxy
     engine: sqlalchemy.Engine
+    url: str
     kills: list[tuple[float, list[psutil.Process]]] = field(default_factory=list)
     leftovers_after_kill: list[str] = field(default_factory=list)
     restart: tuple[float, float] | None = None  # wall clock: asked, back up
@@ -252,10 +250,11 @@ class Chaos:
     def restart_server(self) -> None:
         asked = time.time()
         started = time.monotonic()
-        result = _pg("restart")
+        stop_local_server(self.url)
+        start_local_server(self.url)
         self.restart_s = time.monotonic() - started
         self.restart = (asked, time.time())
-        print(f"restarted PostgreSQL in {self.restart_s:.1f} s (rc {result.returncode})",
+        print(f"restarted the {self.engine.dialect.name} server in {self.restart_s:.1f} s",
               file=sys.stderr)  # fmt: skip
 
     def stall(self, seconds: float) -> None:
@@ -378,7 +377,10 @@ def report(url: str, chaos: Chaos, wall_s: float) -> list[list[object]]:
         ["--total-trials", ARGS.total_trials],
         ["worker kills (SIGKILL mid-trial, restarted)", len(chaos.kills)],
         ["network stall of worker 0", f"{ARGS.stall_seconds:.0f} s"],
-        ["PostgreSQL restart", f"{chaos.restart_s:.1f} s" if chaos.restart_s else "not done"],
+        [
+            f"{chaos.engine.dialect.name} server stopped and started",
+            f"{chaos.restart_s:.1f} s" if chaos.restart_s else "not done",
+        ],
         ["trials finished (complete + pruned)", len(finished)],
         ["trials failed (stale, retried)", states[TrialState.FAIL]],
         ["lost (a setting never finished)", len(lost)],
@@ -418,16 +420,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument("--log-dir", default=None, help="keep the workers' logs here")
     ARGS = parser.parse_args(argv)
-    if shutil.which("pg_ctlcluster") is None:
-        print("bench.chaos: error: needs the local PostgreSQL cluster tools (pg_ctlcluster)",
+    if not can_restart_local_server(ARGS.admin_url):
+        print(f"bench.chaos: error: {mask_url(ARGS.admin_url)} is not this machine's PostgreSQL or "
+              "MariaDB server with its tools (pg_ctlcluster; mariadb-admin, start-stop-daemon)",
               file=sys.stderr)  # fmt: skip
         return 2
     rng = random.Random(ARGS.seed)
     log_dir = Path(ARGS.log_dir or f"/tmp/bench-chaos-{os.getpid()}")
     log_dir.mkdir(parents=True, exist_ok=True)
-    with server_left_up(), scratch_database(ARGS.admin_url) as url:
+    with server_left_up(ARGS.admin_url), scratch_database(ARGS.admin_url) as url:
         parsed = sqlalchemy.engine.make_url(url)
-        proxy = StallProxy(parsed.host or "127.0.0.1", parsed.port or 5432).start()
+        default_port = 5432 if parsed.get_backend_name() == "postgresql" else 3306
+        proxy = StallProxy(parsed.host or "127.0.0.1", parsed.port or default_port).start()
         stalled_url = parsed.set(host="127.0.0.1", port=proxy.port).render_as_string(
             hide_password=False
         )
@@ -437,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         for worker in workers:
             worker.start()
-        chaos = Chaos(workers, proxy, engine)
+        chaos = Chaos(workers, proxy, engine, url)
         try:
             wall_s = drive(chaos, rng)
         finally:

@@ -31,7 +31,7 @@ import optuna
 
 from storage import open_storage
 from storage.testing import scratch_database
-from tuner.insight._table import format_table
+from tuner.insight import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = "tests.tuner_tests.workloads:fast"

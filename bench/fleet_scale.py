@@ -39,7 +39,7 @@ from optuna.trial import TrialState
 
 from storage import open_storage
 from storage.testing import scratch_database, served_proxy
-from tuner.insight._table import format_table
+from tuner.insight import format_table
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = "fleet-scale"
@@ -54,7 +54,7 @@ ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 def _worker(
     url: str, total: int, trial_s: float, victim: bool, results: multiprocessing.Queue
 ) -> None:
-    from tuner.fleet._heartbeat import StaleTrials, heartbeat
+    from tuner.fleet import StaleTrials, heartbeat
     from tuner.run._study import _ask
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

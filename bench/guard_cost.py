@@ -35,12 +35,9 @@ from typing import Any
 
 import psutil
 
-from tuner.machine._memory import format_bytes
-from tuner.machine._process import process_tree
-from tuner.search._settings import LoaderSettings
-from tuner.trial._guard import GuardReading, MemoryGuard, default_limits
-from tuner.trial._protocol import Job, Mode
-from tuner.trial._supervisor import Supervisor
+from tuner.machine import format_bytes, process_tree
+from tuner.search import LoaderSettings
+from tuner.trial import GuardReading, Job, MemoryGuard, Mode, Supervisor, default_limits
 
 GiB = 2**30
 

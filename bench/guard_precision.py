@@ -54,13 +54,11 @@ from bench._harness import (
 )
 from bench.guard_cost import LEAK_LIMIT_BYTES, reaction
 from tuner._naming import is_memory_prune, is_skipped_for_memory
-from tuner.insight._summary import best_trial
-from tuner.machine._memory import format_bytes
-from tuner.run._config import StudyConfig
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
-from tuner.trial._guard import MemoryGuard
-from tuner.trial._outcome import TrialOutcome
+from tuner.insight import best_trial
+from tuner.machine import format_bytes
+from tuner.run import StudyConfig
+from tuner.search import LoaderSettings, SearchSpace
+from tuner.trial import MemoryGuard, TrialOutcome
 
 FALSE_ALARM_FRACTION = 0.9
 """Pruned with a real peak below this share of the limit: a false alarm (the issue's rule)."""

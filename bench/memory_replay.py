@@ -30,7 +30,7 @@ from bench.guard_precision import FALSE_ALARM_FRACTION
 from tuner._attrs import has_settings, trial_settings
 from tuner.pipeline import stored_profile
 from tuner.run._walls import prior_memory_figures, wall_verdict
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 
 def replay_folder(folder: Path) -> tuple[collections.Counter[str], list[float]]:

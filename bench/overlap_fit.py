@@ -22,9 +22,8 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from tuner.pipeline import _model
-from tuner.pipeline._profile import PipelineProfile
-from tuner.search._settings import LoaderSettings
+from tuner.pipeline import PipelineProfile, _model
+from tuner.search import LoaderSettings
 
 POWERS = (1.25, 1.5, 2.0, 3.0, 6.0, 40.0)
 STALLS_S = (0.0, 0.008, 0.010, 0.012, 0.014)

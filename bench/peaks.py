@@ -28,9 +28,8 @@ from bench._harness import (
     prepare_workload,
 )
 from bench.guard_precision import ExactGuard
-from tuner.machine._memory import format_bytes
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
+from tuner.machine import format_bytes
+from tuner.search import LoaderSettings, SearchSpace
 
 
 def parse_setting(text: str, space: SearchSpace) -> LoaderSettings:

@@ -54,10 +54,9 @@ from bench._harness import (
     write_json,
 )
 from tuner._attrs import trial_settings
-from tuner.insight._summary import best_trial
+from tuner.insight import best_trial
 from tuner.run import SAMPLERS
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
+from tuner.search import LoaderSettings, SearchSpace
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 LOADTUNE_FILE = Path(__file__).resolve().parent / "loadtune_workloads.py"

@@ -61,15 +61,12 @@ from objectives import Workload
 from tuner._attrs import has_settings, trial_settings
 from tuner.pipeline import PipelineModel, PipelineProfile, worker_range
 from tuner.pipeline._refine import _distance
-from tuner.run import SAMPLERS, StudyConfig, _pipeline, make_pruner, make_sampler
+from tuner.run import SAMPLERS, StudyConfig, TrialRunner, _pipeline, make_pruner, make_sampler
 from tuner.run._remeasure import final_candidates, race, race_rounds
-from tuner.run._runner import TrialRunner
 from tuner.run._samplers import MODEL_STRATEGY
 from tuner.run._study import _stop_near_bound
-from tuner.search._pruner import BelowBestPruner
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace, optuna_params
-from tuner.trial._outcome import TrialOutcome
+from tuner.search import BelowBestPruner, LoaderSettings, SearchSpace, optuna_params
+from tuner.trial import TrialOutcome
 
 GOAL_FRACTION = 0.95
 PRUNING: dict[str, Callable[[str], optuna.pruners.BasePruner]] = {

@@ -62,10 +62,10 @@ from bench._harness import (
     write_json,
 )
 from tuner._attrs import trial_settings
-from tuner.insight._summary import best_trial
+from tuner.insight import best_trial
 from tuner.pipeline import PipelineModel, stored_profile
 from tuner.run import SAMPLERS
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 GOAL_FRACTION = 0.95

@@ -2,7 +2,8 @@
 
 Specs: a built-in name (``image``, ``text``, ``storage``), ``package.module:attr``, or
 ``path/to/file.py:attr``; the attr is a Workload, a DataLoader, ``(DataLoader, step)``, or a
-function of no arguments returning one of them or a Lightning ``(datamodule, module)`` pair.
+function of no arguments returning one of them (a framework's own builds one:
+``tuner.integrations.lightning.workload_from_lightning``, ``...huggingface.workload_from_trainer``).
 A file is imported under its own module stem with its folder first on ``sys.path``: DataLoader
 workers started with ``spawn`` copy the parent's ``sys.path`` and unpickle the dataset by module
 name, so the name must be one they can import again.
@@ -180,39 +181,21 @@ def _as_workload(value: Any, spec: str) -> Workload:
     if not _is_workload_like(result):
         raise WorkloadError(
             f"{spec} returned a value of type {type(result).__name__}; expected a Workload, "
-            "a DataLoader, (DataLoader, step) or a Lightning (datamodule, module)"
+            "a DataLoader or (DataLoader, step) (Lightning: workload_from_lightning(datamodule, "
+            "module), from tuner.integrations.lightning)"
         )
     return _from_value(result, spec)
 
 
 def _is_workload_like(value: Any) -> bool:
-    if isinstance(value, Workload | DataLoader) or _is_lightning_pair(value):
+    if isinstance(value, Workload | DataLoader):
         return True
     return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], DataLoader)
-
-
-def _is_lightning_pair(value: Any) -> bool:
-    """``(LightningDataModule, LightningModule)``, checked only where Lightning is already
-    imported (a script returning the pair has imported it): loading never imports Lightning."""
-    lightning = sys.modules.get("lightning.pytorch")
-    if lightning is None or not (isinstance(value, tuple) and len(value) == 2):
-        return False
-    datamodule, module = value
-    return isinstance(datamodule, lightning.LightningDataModule) and isinstance(
-        module, lightning.LightningModule
-    )
 
 
 def _from_value(value: Workload | DataLoader | tuple[Any, Any], spec: str) -> Workload:
     if isinstance(value, Workload):
         return value
-    if _is_lightning_pair(value):
-        from objectives.lightning import workload_from_lightning
-
-        try:
-            return workload_from_lightning(*value, name=spec.rpartition(":")[2] or "lightning")
-        except ValueError as error:
-            raise WorkloadError(f"{spec}: {_one_line(error)}") from None
     loader, step = value if isinstance(value, tuple) else (value, None)
     if step is not None and not callable(step):
         raise WorkloadError(f"{spec}: the step beside the DataLoader is not callable")

@@ -20,6 +20,7 @@ from pathlib import Path
 import sqlalchemy
 import sqlalchemy.engine
 
+from storage._drivers import with_driver
 from storage._urls import GRPC_SCHEME
 
 __all__ = ["storage_lock"]
@@ -47,7 +48,7 @@ def _file_lock(path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def _database_lock(url: str, key: str) -> Iterator[None]:
     # A dedicated engine without pooling: the lock is tied to this one connection.
-    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    engine = sqlalchemy.create_engine(with_driver(url), poolclass=sqlalchemy.pool.NullPool)
     try:
         with engine.connect() as connection:
             dialect = engine.dialect.name

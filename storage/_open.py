@@ -22,6 +22,7 @@ import sqlalchemy.engine
 import sqlalchemy.exc
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
+from storage._drivers import with_driver
 from storage._lock import storage_lock
 from storage._retry import DEFAULT_RETRY_SECONDS, is_connection_error, with_retry
 from storage._urls import GRPC_SCHEME, StorageError, mask_password, mask_url
@@ -42,18 +43,20 @@ def engine_options(url: str) -> dict[str, Any]:
     return {"pool_pre_ping": True, "pool_size": 2, "max_overflow": 2, "pool_recycle": 1800}
 
 
-def _parse(url: str) -> sqlalchemy.engine.URL:
+def _parse(url: str) -> str:
+    """The URL to open, with its driver named (:func:`storage._drivers.with_driver`)."""
     try:
-        parsed = sqlalchemy.engine.make_url(url)
+        sqlalchemy.engine.make_url(url)
     except sqlalchemy.exc.ArgumentError:
         raise StorageError(f"not a storage URL: {mask_url(url)!r}") from None
+    opened = with_driver(url)
     try:
-        parsed.get_dialect()
+        sqlalchemy.engine.make_url(opened).get_dialect()
     except (sqlalchemy.exc.NoSuchModuleError, ImportError) as error:
         raise StorageError(
             f"cannot open storage {mask_url(url)}: {mask_password(str(error))}"
         ) from None
-    return parsed
+    return opened
 
 
 def _open_grpc(url: str) -> BaseStorage:
@@ -79,15 +82,23 @@ _SERVER_RESTARTING = ("57P01", "57P02", "57P03")
 """PostgreSQL SQLSTATEs of a server that answered and is shutting down or starting up:
 admin_shutdown, crash_shutdown, cannot_connect_now."""
 
+_MYSQL_SERVER_SHUTDOWN = 1053
+"""MySQL's and MariaDB's error code for "Server shutdown in progress" (ER_SERVER_SHUTDOWN)."""
+
+
+def _says_restarting(error: object) -> bool:
+    if getattr(error, "sqlstate", None) in _SERVER_RESTARTING:
+        return True
+    args = getattr(error, "args", ())  # a MySQL driver's error: (code, message)
+    return bool(args) and args[0] == _MYSQL_SERVER_SHUTDOWN
+
 
 def _server_restarting(error: BaseException) -> bool:
     current: BaseException | None = error
     seen: set[int] = set()
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if getattr(getattr(current, "orig", None), "sqlstate", None) in _SERVER_RESTARTING:
-            return True
-        if getattr(current, "sqlstate", None) in _SERVER_RESTARTING:
+        if _says_restarting(getattr(current, "orig", None)) or _says_restarting(current):
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -125,7 +136,7 @@ def open_storage(
     """
     if url.startswith(GRPC_SCHEME):
         return _open_grpc(url)
-    _parse(url)
+    opened = _parse(url)
     heartbeat: dict[str, Any] = {}
     if heartbeat_interval is not None:
         with warnings.catch_warnings():
@@ -141,7 +152,7 @@ def open_storage(
         with storage_lock(url), warnings.catch_warnings():
             # Heartbeats are experimental in Optuna 5; we rely on them knowingly.
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return storage_class(url, engine_kwargs=engine_options(url), **heartbeat)
+            return storage_class(opened, engine_kwargs=engine_options(opened), **heartbeat)
 
     try:
         return _open_riding_out_a_restart(create, connect_retry_seconds)

@@ -18,7 +18,7 @@ import sqlalchemy.exc
 
 from storage._urls import mask_password
 
-__all__ = ["DEFAULT_RETRY_SECONDS", "is_connection_error", "with_retry"]
+__all__ = ["DEFAULT_RETRY_SECONDS", "LostConnectionFilter", "is_connection_error", "with_retry"]
 
 T = TypeVar("T")
 
@@ -75,3 +75,33 @@ def with_retry(
         if warned:
             _log.warning("database reachable again; %s done", what)
         return result
+
+
+_DBAPI_CONNECTION_ERRORS = ("OperationalError", "InterfaceError")
+"""PEP 249's names for a driver's errors of the connection (every driver defines both)."""
+
+
+class LostConnectionFilter(logging.Filter):
+    """A logging filter (for a CLI's handlers) that turns SQLAlchemy's traceback for a pooled
+    connection the server dropped into one line.
+
+    When a server restarts, SQLAlchemy's pool cannot roll back a connection it is handed back,
+    logs "Exception during reset or similar" with the driver's traceback, and discards the
+    connection; the next checkout connects afresh, so nothing is lost and a warning says all.
+    Every other record passes unchanged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if (
+            record.name.startswith("sqlalchemy.pool")
+            and error is not None
+            and type(error).__name__ in _DBAPI_CONNECTION_ERRORS
+        ):
+            reason = (str(error).splitlines() or [type(error).__name__])[0]
+            record.msg = "a database connection was lost and is replaced (%s)"
+            record.args = (mask_password(reason),)
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True

@@ -3,26 +3,34 @@ through here, so a key is spelled once and a value is parsed one way.
 
 Trial user attr ``settings``: the complete setting a trial measured (sampled, fixed and derived
 values alike). Study user attrs: ``batch_param`` (the workload's batch parameter),
-``remeasured_samples_per_sec`` (trial number, as text, -> the median of its fresh rounds) and
-``best_trial_number`` (the re-measured winner). Readers take Optuna's ``FrozenTrial`` or a live
-``Trial`` alike: both expose ``user_attrs``.
+``remeasured_samples_per_sec`` (trial number, as text, -> the median of its fresh selection
+rounds), ``best_trial_number`` (the re-measured winner), ``holdout_samples_per_sec`` (trial
+number, as text, -> the rounds of the hold-out after the pick: the pick's and the baselines',
+side by side, none of which chose it) and ``phase_seconds`` (the last run's wall time per
+phase). Readers take Optuna's ``FrozenTrial`` or a live ``Trial`` alike: both expose
+``user_attrs``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import optuna
 
 from tuner._naming import REMEASURED_ATTR, SETTINGS_ATTR
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 __all__ = [
     "BATCH_PARAM_ATTR",
     "BEST_TRIAL_ATTR",
+    "HOLDOUT_ATTR",
+    "PHASES_ATTR",
     "SETTINGS_ATTR",
     "has_settings",
+    "holdout",
+    "phase_seconds",
+    "record_phases",
     "record_remeasured",
     "remeasured",
     "settings_attrs",
@@ -34,6 +42,8 @@ __all__ = [
 
 BATCH_PARAM_ATTR = "batch_param"
 BEST_TRIAL_ATTR = "best_trial_number"
+HOLDOUT_ATTR = "holdout_samples_per_sec"
+PHASES_ATTR = "phase_seconds"
 
 
 class _HasUserAttrs(Protocol):
@@ -79,8 +89,21 @@ def stored_best_number(study: optuna.Study) -> int | None:
     return None if number is None else int(number)
 
 
-def record_remeasured(study: optuna.Study, medians: Mapping[int, float], best: int) -> None:
-    """Merge ``medians`` into the stored ones and name ``best`` the winner.
+def holdout(study: optuna.Study) -> dict[int, list[float]]:
+    """Trial number -> its hold-out rounds' samples/sec (empty where the study has none: studies
+    recorded before the hold-out, or run with ``--remeasure-rounds 0``)."""
+    stored = study.user_attrs.get(HOLDOUT_ATTR, {})
+    return {int(number): [float(v) for v in values] for number, values in stored.items()}
+
+
+def record_remeasured(
+    study: optuna.Study,
+    medians: Mapping[int, float],
+    best: int,
+    held_out: Mapping[int, Sequence[float]] | None = None,
+) -> None:
+    """Merge ``medians`` and the hold-out's rounds (``held_out``) into the stored ones and name
+    ``best`` the winner.
 
     The caller holds the study lock: concurrent workers of a fleet would otherwise overwrite
     each other's medians.
@@ -88,4 +111,19 @@ def record_remeasured(study: optuna.Study, medians: Mapping[int, float], best: i
     stored = dict(study.user_attrs.get(REMEASURED_ATTR, {}))
     stored.update({str(number): value for number, value in medians.items()})
     study.set_user_attr(REMEASURED_ATTR, stored)
+    if held_out:
+        rounds = dict(study.user_attrs.get(HOLDOUT_ATTR, {}))
+        rounds.update({str(number): list(values) for number, values in held_out.items()})
+        study.set_user_attr(HOLDOUT_ATTR, rounds)
     study.set_user_attr(BEST_TRIAL_ATTR, best)
+
+
+def record_phases(study: optuna.Study, seconds: Mapping[str, float]) -> None:
+    """Record this run's wall time per phase (``set-up``, ``trials``, ``re-measuring``)."""
+    study.set_user_attr(PHASES_ATTR, {name: round(float(s), 1) for name, s in seconds.items()})
+
+
+def phase_seconds(study: optuna.Study) -> dict[str, float]:
+    """The last run's wall time per phase, in the order it ran them (empty where not recorded)."""
+    stored = study.user_attrs.get(PHASES_ATTR) or {}
+    return {str(name): float(s) for name, s in stored.items()}

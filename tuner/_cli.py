@@ -18,9 +18,9 @@ from typing import Any, NoReturn
 import optuna
 
 from objectives import WorkloadError
-from storage import StorageError, default_storage_url, mask_password
+from storage import LostConnectionFilter, StorageError, default_storage_url, mask_password
 from tuner.machine import AUTO_PROFILE, ProfileError
-from tuner.search._space import SpaceError
+from tuner.search import SpaceError
 
 __all__ = ["ArgumentParser", "HelpFormatter", "UsageError", "add_common", "run_cli"]
 
@@ -133,11 +133,12 @@ def run_cli(
     ``prog`` names the program in error lines and warnings (``tuner.study`` under
     ``python -m``, ``dataloader-tuner study`` under the installed command).
     """
-    from tuner.insight._best import NoResultError
-    from tuner.run._config import ConfigError
+    from tuner.insight import NoResultError
+    from tuner.run import ConfigError
 
     handler = _ProgressHandler()
     handler.setFormatter(_Formatter(prog))
+    handler.addFilter(LostConnectionFilter())  # a server restart: one line, no traceback
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("tuner.run").setLevel(logging.INFO)  # a run's progress lines
     # A CLI's own choice: Optuna's per-trial INFO lines would drown the progress bar.

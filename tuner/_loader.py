@@ -28,18 +28,20 @@ from objectives import Workload
 from tuner.insight import BestSetting, NoResultError, best_setting, tune_command
 from tuner.machine import (
     CpuLoad,
+    GpuReader,
     Profile,
-    _gpu,
-    _memory,
+    available_memory_bytes,
     detect_fingerprint,
     load_catalog,
+    open_gpu_reader,
     physical_core_count,
     resolve_profile,
     scale_workers,
+    total_memory_bytes,
     usable_cpu_count,
+    visible_nvml_indices,
 )
-from tuner.search._baselines import rule_of_thumb_workers
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings, rule_of_thumb_workers
 
 __all__ = [
     "AdaptiveLoader",
@@ -52,6 +54,7 @@ __all__ = [
     "local_world_size",
     "rank_best_setting",
     "read_machine",
+    "warn_unapplied",
 ]
 
 _log = logging.getLogger("tuner.loader")
@@ -83,14 +86,14 @@ class MachineState:
 
 
 @functools.cache
-def _gpu_reader() -> _gpu.GpuReader:
-    return _gpu.open_gpu_reader(_log)
+def _gpu_reader() -> GpuReader:
+    return open_gpu_reader(_log)
 
 
 def _gpu_free_fraction() -> float | None:
     """The least free share of the GPUs this process can use (``CUDA_VISIBLE_DEVICES``')."""
     reader = _gpu_reader()
-    visible = set(_gpu.visible_nvml_indices(reader.devices()))
+    visible = set(visible_nvml_indices(reader.devices()))
     fractions = [
         1 - reading.memory_used_bytes / reading.memory_total_bytes
         for reading in reader.read()
@@ -106,8 +109,8 @@ def read_machine(cpu_load: CpuLoad | None = None) -> MachineState:
     return MachineState(
         usable_cpus=usable_cpu_count(),
         cpu_percent=shares.busy_percent if shares is not None else None,
-        available_memory_bytes=_memory.available_memory_bytes(),
-        total_memory_bytes=_memory.total_memory_bytes(),
+        available_memory_bytes=available_memory_bytes(),
+        total_memory_bytes=total_memory_bytes(),
         gpu_free_fraction=_gpu_free_fraction(),
     )
 
@@ -324,7 +327,7 @@ def _workload_kwargs(workload: Workload, settings: LoaderSettings) -> dict[str, 
     return added
 
 
-def _unapplied(best: BestSetting, dataloader_kwargs: dict[str, Any]) -> None:
+def warn_unapplied(best: BestSetting, dataloader_kwargs: dict[str, Any]) -> None:
     """Say what of the tuned setting a bare dataset cannot take, rather than drop it silently."""
     if best.knobs:
         knobs = ", ".join(f"{knob}={value!r}" for knob, value in best.knobs.items())
@@ -421,7 +424,7 @@ def loader(
             workload, settings, batch_param, dataloader_kwargs
         )
     elif best is not None:
-        _unapplied(best, dataloader_kwargs)
+        warn_unapplied(best, dataloader_kwargs)
     assert dataset is not None
     if adapt:
         return AdaptiveLoader(dataset, settings, batch_param, dataloader_kwargs)

@@ -83,7 +83,8 @@ def tune(
         trial_timeout: seconds before a trial is killed as hung; None for 60 + 3x its windows.
         probe_batch: find the largest batch that fits first.
         remeasure_top: settings re-measured side by side at the end (0: none).
-        remeasure_rounds: fresh rounds for each of them.
+        remeasure_rounds: hold-out rounds of the pick and the baselines after the selection;
+            their median is the returned figure.
         memory_limit: host memory budget, a size (``"12G"``) or a share (``"80%"``); None for
             90% of RAM or the cgroup limit.
         shm_limit: ``/dev/shm`` budget; None for 90% of it.

@@ -20,9 +20,7 @@ from collections.abc import Sequence
 import optuna
 
 from tuner._cli import ArgumentParser, UsageError, add_common, run_cli, storage_url
-from tuner.insight._best import best_setting
-from tuner.insight._snippet import extra_settings
-from tuner.insight._table import format_table
+from tuner.insight import best_setting, extra_settings, format_table
 from tuner.integrations.huggingface import training_arguments_snippet
 
 __all__ = ["PROG", "main", "parser"]

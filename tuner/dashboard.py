@@ -25,10 +25,9 @@ import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial
 
-from storage import mask_url, open_storage, sqlite_file_missing
+from storage import mask_url, open_artifact_store, open_storage, sqlite_file_missing
 from tuner._cli import ArgumentParser, UsageError, add_artifact_dir, run_cli, storage_url
-from tuner.insight._summary import best_trial
-from tuner.trial._artifacts import open_artifact_store
+from tuner.insight import best_trial
 
 __all__ = ["PROG", "TunerBestStorage", "main", "parser"]
 
@@ -92,7 +91,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         raise UsageError(f"--port must be 1..65535, got {args.port}")
     url = storage_url(args.storage)
     if sqlite_file_missing(url):
-        from tuner.insight._best import NoResultError
+        from tuner.insight import NoResultError
 
         raise NoResultError(
             f"no database at {mask_url(url)}; create a study first: "

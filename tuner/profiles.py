@@ -14,18 +14,18 @@ from collections.abc import Sequence
 
 from storage import default_storage_url, open_storage, sqlite_file_missing
 from tuner._cli import ArgumentParser, UsageError, run_cli
-from tuner.fleet._profile_studies import StoredStudy, stored_studies
-from tuner.insight._table import format_table
+from tuner.fleet import StoredStudy, stored_studies
+from tuner.insight import format_table
 from tuner.machine import (
     AUTO_PROFILE,
     Profile,
     auto_profile_name,
     detect_fingerprint,
+    format_bytes,
     load_catalog,
     profile_mismatches,
     resolve_profile,
 )
-from tuner.machine._memory import format_bytes
 
 __all__ = ["PROG", "main", "parser"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import optuna
 
-from storage import mask_url, open_storage, sqlite_file_missing
+from storage import artifact_dir_for, mask_url, open_storage, sqlite_file_missing
 from tuner._cli import (
     ArgumentParser,
     UsageError,
@@ -25,8 +25,7 @@ from tuner._cli import (
     storage_url,
 )
 from tuner._naming import study_name
-from tuner.insight._best import NoResultError, resolve_profile_name
-from tuner.trial._artifacts import artifact_dir_for
+from tuner.insight import NoResultError, resolve_profile_name
 
 __all__ = ["PROG", "main", "parser"]
 
@@ -70,7 +69,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
 
     from optuna.artifacts import FileSystemArtifactStore
 
-    from tuner.insight._report import build_report
+    from tuner.insight import build_report
 
     directory = artifact_dir_for(url, args.artifact_dir)
     store = FileSystemArtifactStore(directory) if directory.is_dir() else None

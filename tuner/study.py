@@ -36,6 +36,16 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = ArgumentParser(prog=prog, description=DESCRIPTION)
     add_common(p)
     run = p.add_argument_group("run")
+    _add_run_flags(run)
+    _add_trial_flags(run)
+    _add_finish_flags(run)
+    _add_guard_and_fleet_flags(p)
+    _add_workload_flags(p)
+    return p
+
+
+def _add_run_flags(run: argparse._ArgumentGroup) -> None:
+    """How long the run goes, where its step runs, and how it searches."""
     run.add_argument(
         "--n-trials",
         type=int,
@@ -78,6 +88,10 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         "measurement; gp where no model can be built), gp (Optuna's GPSampler), tpe "
         "(with the pruner) or random",
     )
+
+
+def _add_trial_flags(run: argparse._ArgumentGroup) -> None:
+    """What each trial measures, and how."""
     run.add_argument(
         "--trial-seconds",
         type=float,
@@ -115,6 +129,10 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         help="the DataLoader's worker start method (default: the platform's)",
     )
+
+
+def _add_finish_flags(run: argparse._ArgumentGroup) -> None:
+    """The batch probe first, the re-measurement last, and what the run prints."""
     run.add_argument(
         "--no-probe-batch",
         dest="probe_batch",
@@ -131,7 +149,9 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         "--remeasure-rounds",
         type=int,
         default=StudyConfig.remeasure_rounds,
-        help="fresh rounds per re-measured setting; the best is the highest median",
+        help="hold-out rounds of the pick and the baselines, side by side, after the selection "
+        "(their median is the printed figure); the selection itself re-measures while the "
+        "decision is open",
     )
     add_artifact_dir(run)
     run.add_argument(
@@ -146,6 +166,10 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="the tuner's diagnostics in the summary: the ceiling, the bound, the model's "
         "error and the pipeline profile",
     )
+
+
+def _add_guard_and_fleet_flags(p: argparse.ArgumentParser) -> None:
+    """The memory guard's budgets, and a fleet's heartbeats."""
     guard = p.add_argument_group("memory guard")
     guard.add_argument(
         "--memory-limit",
@@ -179,6 +203,10 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="seconds without a heartbeat before a trial is failed and retried "
         "(default: Optuna's, twice the heartbeat interval)",
     )
+
+
+def _add_workload_flags(p: argparse.ArgumentParser) -> None:
+    """The built-in workloads' options."""
     workload = p.add_argument_group("built-in workloads")
     workload.add_argument(
         "--arch",
@@ -207,7 +235,6 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     workload.add_argument(
         "--latency-ms", type=int, default=None, help="storage: each sample's wait (default 8)"
     )
-    return p
 
 
 _WORKLOAD_FLAGS = {

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from types import ModuleType, SimpleNamespace
 
-from tuner.machine._gpu import GpuDevice, GpuReading
+from tuner.machine import GpuDevice, GpuReading
 
 __all__ = ["FakeNVMLError", "StaticGpuReader", "fake_nvml", "fake_pci_bus_id", "fake_uuid"]
 

@@ -83,6 +83,12 @@ def _grid(workers: Iterable[int] = range(4)) -> list[LoaderSettings]:
     return [_settings(w, b, t) for w, b, t in itertools.product(workers, BATCHES, (1, 2))]
 
 
+def _is_a_grid_score(score: float, grid: Iterable[LoaderSettings] | None = None) -> bool:
+    """Whether ``score`` is one grid point's true speed over the optimum's (1,000): a pick's
+    score is the true value of a setting the study measured, never a noisy reading."""
+    return any(abs(score - _speed(s) / 1000.0) < 1e-9 for s in grid or _grid())
+
+
 @pytest.fixture
 def results_file(tmp_path: Path) -> Path:
     """The landscape of :func:`_speed`, which the profile's model does not know."""
@@ -103,7 +109,8 @@ def test_without_noise_a_budget_covering_the_grid_picks_the_optimum(results_file
     scores = replay_study(
         landscape, baselines, "random", seed=0, budgets=[5, 200], noise=0.0
     ).scores
-    assert 0.0 < scores[5] <= 1.0
+    # The rule of thumb (850) is measured second; five trials pick it or better.
+    assert _is_a_grid_score(scores[5]) and scores[5] >= 0.85
     assert scores[200] == 1.0
 
 
@@ -154,7 +161,7 @@ def test_pruning_can_be_set_for_every_strategy(results_file: Path) -> None:
     for pruning in ("off", "on"):
         for strategy in ("gp", "tpe"):
             scores = replay_study(landscape, baselines, strategy, 0, [10], 0.1, pruning).scores
-            assert 0.0 < scores[10] <= 1.0
+            assert _is_a_grid_score(scores[10])
 
 
 def test_the_model_strategy_runs_and_stops_within_the_budget(results_file: Path) -> None:
@@ -165,7 +172,7 @@ def test_the_model_strategy_runs_and_stops_within_the_budget(results_file: Path)
     setup = model_setup(landscape, profile, baselines, bound)
     for seed in range(3):
         study = replay_study(landscape, baselines, "model", seed, [5, 10, 40], 0.1, setup=setup)
-        assert all(0.0 < score <= 1.0 for score in study.scores.values())
+        assert all(_is_a_grid_score(score) for score in study.scores.values())
         assert all(study.trials[budget] <= budget for budget in (5, 10, 40))
         assert study.trials[5] <= study.trials[10] <= study.trials[40]
         if study.trials[10] < 10:  # stopped: the pick stands for the larger budgets
@@ -208,7 +215,8 @@ def test_a_setting_off_the_grid_is_valued_as_its_nearest_point(tmp_path: Path) -
     assert landscape.nearest(three) == four
     assert landscape.true_value(three) == _speed(four)
     study = replay_study(landscape, baselines, "random", 0, [20], 0.1)
-    assert study.snapped_trials > 0 and 0.0 < study.scores[20] <= 1.0
+    assert study.snapped_trials > 0
+    assert _is_a_grid_score(study.scores[20], _grid((0, 1, 2, 4, 8)))
 
 
 def test_the_cli_runs_the_model_strategy_where_the_file_has_a_profile(

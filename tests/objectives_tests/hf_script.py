@@ -15,7 +15,8 @@ import datasets
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-from objectives import Workload, workload_from_trainer
+from objectives import Workload
+from tuner.integrations.huggingface import workload_from_trainer
 
 SAMPLES = 256
 LENGTH = 16

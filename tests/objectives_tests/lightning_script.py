@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from objectives import Workload
-from objectives.lightning import workload_from_lightning
+from tuner.integrations.lightning import workload_from_lightning
 
 
 class Line(Dataset):
@@ -80,7 +80,7 @@ def workload() -> Workload:
 
 
 def pair() -> tuple[LineData, Regressor]:
-    """``--objective lightning_script.py:pair``: the tuner builds the workload itself."""
+    """A bare ``(datamodule, module)``: refused, the workload is ``workload_from_lightning``'s."""
     return LineData(), Regressor()
 
 
@@ -144,12 +144,12 @@ class NoTrainLoader(pl.LightningDataModule):
         return DataLoader(Line(), batch_size=8)
 
 
-def combined_pair() -> tuple[Combined, Regressor]:
-    return Combined(), Regressor()
+def combined_pair() -> Workload:
+    return workload_from_lightning(Combined(), Regressor())
 
 
-def no_optimizer_pair() -> tuple[LineData, NoOptimizer]:
-    return LineData(), NoOptimizer()
+def no_optimizer_pair() -> Workload:
+    return workload_from_lightning(LineData(), NoOptimizer())
 
 
 class NeedsTrainer(Regressor):

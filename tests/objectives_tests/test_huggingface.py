@@ -13,23 +13,15 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
+from torch.utils.data import DataLoader
+from transformers import Trainer
 
-for _name in ("transformers", "datasets", "accelerate"):
-    pytest.importorskip(_name)
-
-from torch.utils.data import DataLoader  # noqa: E402
-from transformers import Trainer  # noqa: E402
-
-from objectives import (  # noqa: E402
-    WorkloadError,
-    load_workload,
-    move_to_device,
-    workload_from_trainer,
-)
-from tests.conftest import run_python, study_cli  # noqa: E402
-from tests.objectives_tests import hf_script  # noqa: E402
-from tuner._attrs import trial_settings  # noqa: E402
-from tuner.search._settings import LoaderSettings  # noqa: E402
+from objectives import WorkloadError, load_workload, move_to_device
+from tests.conftest import run_python, study_cli
+from tests.objectives_tests import hf_script
+from tuner._attrs import trial_settings
+from tuner.integrations.huggingface import workload_from_trainer
+from tuner.search._settings import LoaderSettings
 
 SCRIPT = Path(hf_script.__file__)
 CPU = torch.device("cpu")

@@ -161,13 +161,18 @@ def test_folder_without_images_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_unknown_choices_list_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown model 'vgg'; known: small-cnn, resnet50"):
-        image_workload(**SMALL, model="vgg")
+    with pytest.raises(ValueError, match="unknown arch 'vgg'; known: small-cnn, resnet50"):
+        image_workload(**SMALL, arch="vgg")
     with pytest.raises(ValueError, match="unknown collate 'half'; known: float, uint8"):
         image_workload(**SMALL, collate="half")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="has torchvision")
-def test_resnet50_without_torchvision_says_what_to_install() -> None:
+def test_resnet50_without_torchvision_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(  # a machine without torchvision, whether or not this one has it
+        importlib.util,
+        "find_spec",
+        lambda name, *rest: None if name == "torchvision" else find_spec(name, *rest),
+    )
     with pytest.raises(ValueError, match=r"needs torchvision \(pip install torchvision\)"):
-        image_workload(**SMALL, model="resnet50")
+        image_workload(**SMALL, arch="resnet50")

@@ -7,19 +7,16 @@ import re
 import warnings
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("lightning")
-
 import optuna
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from objectives import WorkloadError, load_workload
-from objectives.lightning import first_optimizer, workload_from_lightning
 from tests.conftest import run_python, study_cli
 from tests.objectives_tests import lightning_script as script
 from tuner._attrs import trial_settings
+from tuner.integrations.lightning import first_optimizer, workload_from_lightning
 
 SCRIPT = Path(script.__file__)
 CPU = torch.device("cpu")
@@ -111,20 +108,28 @@ def test_what_the_tuner_cannot_measure_is_one_clear_line(
     datamodule: type, module: type, message: str
 ) -> None:
     instance = module(1, 1) if module is torch.nn.Linear else module()
-    with pytest.raises(ValueError, match=re.escape(message)) as caught:
+    with pytest.raises(WorkloadError, match=re.escape(message)) as caught:
         workload_from_lightning(datamodule(), instance)
     assert "\n" not in str(caught.value)
 
 
-def test_objective_takes_a_function_returning_a_workload_or_the_lightning_pair() -> None:
-    assert load_workload(f"{SCRIPT}:workload").name == "lightning"
-    pair = load_workload(f"{SCRIPT}:pair")
-    assert pair.name == "pair" and pair.default_batch_size == 32 and pair.make_step is not None
+def test_objective_takes_a_function_returning_a_lightning_workload() -> None:
+    workload = load_workload(f"{SCRIPT}:workload")
+    assert workload.name == "lightning" and workload.default_batch_size == 32
+    assert workload.make_step is not None
     with pytest.raises(
         WorkloadError,
         match=re.escape("combined_pair: Combined.train_dataloader() returned a CombinedLoader"),
     ) as caught:
         load_workload(f"{SCRIPT}:combined_pair")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_bare_datamodule_and_module_pair_is_refused_with_the_way_to_build_it() -> None:
+    with pytest.raises(
+        WorkloadError, match=re.escape("workload_from_lightning(datamodule")
+    ) as caught:
+        load_workload(f"{SCRIPT}:pair")
     assert "\n" not in str(caught.value)
 
 

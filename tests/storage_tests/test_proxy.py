@@ -10,9 +10,8 @@ import pytest
 from storage.testing import served_proxy
 from tests.conftest import run_cli, study_cli
 
-pytest.importorskip("grpc")
 
-
+@pytest.mark.slow
 def test_a_study_through_the_grpc_proxy(tmp_path: Path) -> None:
     database = f"sqlite:///{tmp_path / 'fleet.db'}"
     with served_proxy(database) as url:

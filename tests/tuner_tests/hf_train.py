@@ -3,8 +3,7 @@ import datasets
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-from objectives import workload_from_trainer
-from tuner.integrations.huggingface import tuned_training_arguments
+from tuner.integrations.huggingface import tuned_training_arguments, workload_from_trainer
 
 ARGS = TrainingArguments(output_dir="hf-out", per_device_train_batch_size=16, report_to="none")
 

@@ -11,6 +11,7 @@ knob selects, and the batch itself. Behaviour, not speed (bench/deliver.py measu
 from __future__ import annotations
 
 import json
+import statistics
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ loader = tuner.loader(workload=workload, hardware="auto", objective="image", sto
 # The README's recipe for --format json, word for word.
 JSON = """
 import json
+import statistics
 import torch
 from torch.utils.data import DataLoader
 from objectives import load_workload
@@ -106,6 +108,7 @@ def _expected(setting: BestSetting) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_every_path_delivers_the_whole_setting(image_study: str, tmp_path: Path) -> None:
     setting = tuner.best_setting("auto", objective="image", storage=image_study)
     expected = _expected(setting)
@@ -127,6 +130,7 @@ def test_every_path_delivers_the_whole_setting(image_study: str, tmp_path: Path)
     assert _in_fresh_process(JSON.format(path=str(path)), setting) == expected
 
 
+@pytest.mark.slow
 def test_the_json_is_the_documented_shape(image_study: str) -> None:
     as_json = json.loads(best_cli(image_study, "image", "--format", "json").stdout)
     setting = tuner.best_setting("auto", objective="image", storage=image_study)
@@ -145,15 +149,21 @@ def test_the_json_is_the_documented_shape(image_study: str) -> None:
         "remeasured",
         "window_samples_per_sec",
         "finished_trials",
+        "holdout_rounds",
+        "holdout_range",
     ]
     assert as_json["dataloader"] == tuner.best_params(
         "auto", objective="image", storage=image_study
     )
     assert as_json["trial"] == setting.trial_number
     assert as_json["samples_per_sec"] == setting.samples_per_sec
+    rounds = as_json["holdout_rounds"]
+    assert rounds and as_json["holdout_range"] == [min(rounds), max(rounds)]
+    assert as_json["samples_per_sec"] == statistics.median(rounds)
     assert as_json["knobs"] == {"collate": "uint8"}
 
 
+@pytest.mark.slow
 def test_apply_sets_the_threads_and_says_so(
     image_study: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -170,13 +180,13 @@ def test_apply_sets_the_threads_and_says_so(
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_the_table_and_the_summary_name_the_same_best(image_study: str) -> None:
     setting = tuner.best_setting("auto", objective="image", storage=image_study)
     table = best_cli(image_study, "image")
     assert table.returncode == 0, table.stderr
-    assert f"trial {setting.trial_number}, {setting.samples_per_sec:,.1f} samples/s" in (
-        table.stdout
-    )
+    assert setting.holdout_rounds  # the study took a hold-out: its median is the figure
+    assert f"trial {setting.trial_number}, {setting.figure.text()}" in table.stdout
     assert "torch_num_threads" in table.stdout and "collate" in table.stdout
     assert f"torch.set_num_threads({setting.torch_num_threads})" in table.stdout
 

@@ -223,9 +223,30 @@ def test_membership_lines() -> None:
     assert membership.v2 == "/d"
 
 
-def test_pid_reads_that_process_cgroup_file() -> None:
-    assert cgroup_memory(pid=os.getpid()) == cgroup_memory()
-    assert cgroup_cpu_limit(pid=os.getpid()) == cgroup_cpu_limit()
+def test_pid_reads_that_process_cgroup_file(tmp_path: Path) -> None:
+    """``pid`` takes the membership from ``/proc/<pid>/cgroup``, not from the file given: a tree
+    with a limit only where that process's cgroup is, and a file naming another cgroup."""
+    real = parse_membership(Path(f"/proc/{os.getpid()}/cgroup").read_text())
+    memory_v1 = real.v1.get("memory")
+    if memory_v1 is not None:
+        here = f"memory/{memory_v1.strip('/')}".rstrip("/")
+        files = {"memory/memory.limit_in_bytes": f"{V1_UNLIMITED}\n"}
+        files["memory/memory.usage_in_bytes"] = "9000000\n"
+        files[f"{here}/memory.limit_in_bytes"] = f"{3 * GiB}\n"
+        files[f"{here}/memory.usage_in_bytes"] = "7000000\n"
+    else:
+        here = (real.v2 or "/").strip("/")
+        files = {"cgroup.controllers": "cpu memory\n", "memory.max": "max\n"}
+        files[f"{here}/memory.max".lstrip("/")] = f"{3 * GiB}\n"
+        files[f"{here}/memory.current".lstrip("/")] = "7000000\n"
+    elsewhere = "4:memory:/elsewhere\n0::/elsewhere\n"
+    membership, root = write_tree(tmp_path, Tree(elsewhere, files, None, None))
+    reading = cgroup_memory(membership, root, pid=os.getpid())
+    assert reading is not None
+    assert (reading.limit_bytes, reading.usage_bytes) == (3 * GiB, 7_000_000)
+    if here not in ("", "memory"):  # below the root: the file's cgroup has no limit
+        other = cgroup_memory(membership, root)
+        assert other is None or other.limit_bytes != 3 * GiB
 
 
 def test_this_machine_is_consistent() -> None:

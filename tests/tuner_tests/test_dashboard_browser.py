@@ -95,6 +95,7 @@ def dashboard(tmp_path: Path) -> Iterator[tuple[str, str]]:
             server.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_dashboard_shows_the_study_its_note_trials_and_artifacts(
     dashboard: tuple[str, str], tmp_path: Path

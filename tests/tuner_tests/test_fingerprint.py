@@ -93,14 +93,26 @@ def test_auto_profile_matches_this_machine(catalog: dict[str, Profile]) -> None:
     assert profile_mismatches(profile, fp) == []
 
 
-def test_g4dn_xlarge_on_this_machine_lists_differences(catalog: dict[str, Profile]) -> None:
-    fp = detect_fingerprint()
-    mismatches = profile_mismatches(catalog["g4dn.xlarge"], fp)
-    if fp.usable_cpus != 4:
-        expected = f"vCPUs: profile g4dn.xlarge has 4, this machine has {fp.usable_cpus}"
-        assert expected in mismatches
-    if not fp.gpus:
-        assert "GPUs: profile g4dn.xlarge has 1x t4, this machine has no GPU" in mismatches
+def test_g4dn_xlarge_lists_each_difference_of_a_machine(catalog: dict[str, Profile]) -> None:
+    """This machine's fingerprint with its CPUs, RAM and GPUs set by hand, so every line is
+    checked wherever the test runs."""
+    here = detect_fingerprint()
+    profile = catalog["g4dn.xlarge"]
+    same = dataclasses.replace(
+        here,
+        usable_cpus=4,
+        memory_bytes=16 * 2**30,
+        cgroup_memory_limit_bytes=None,
+        gpus=(("Tesla T4", 15 * 2**30),),
+    )
+    assert profile_mismatches(profile, same) == []
+    small = dataclasses.replace(same, usable_cpus=2, gpus=())
+    assert profile_mismatches(profile, small) == [
+        "vCPUs: profile g4dn.xlarge has 4, this machine has 2",
+        "GPUs: profile g4dn.xlarge has 1x t4, this machine has no GPU",
+    ]
+    capped = dataclasses.replace(same, cgroup_memory_limit_bytes=4 * 2**30)
+    assert [line.split(":")[0] for line in profile_mismatches(profile, capped)] == ["memory"]
 
 
 # --------------------------------------------------------------------------- readers

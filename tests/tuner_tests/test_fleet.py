@@ -1,11 +1,11 @@
-"""Many workers, one study, on the real PostgreSQL server: exact totals, baselines once, a killed
-worker's trial retried, a database restart ridden out, passwords never shown."""
+"""Many workers, one study, on each real server (PostgreSQL and MariaDB, ``server_url``): exact
+totals, baselines once, a killed worker's trial retried, a database restart ridden out, passwords
+never shown."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,9 +13,11 @@ import time
 
 import optuna
 import pytest
+import sqlalchemy
 from optuna.trial import TrialState
 
-from tests.conftest import ROOT, run_cli
+from storage.testing import can_restart_local_server, start_local_server, stop_local_server
+from tests.conftest import ROOT, free_port, run_cli
 from tuner._attrs import stored_settings
 from tuner.machine import auto_profile_name, detect_fingerprint
 from tuner.pipeline import PROFILE_ATTR
@@ -33,8 +35,6 @@ QUICK = [
     "0",
 ]
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
-
-pytestmark = pytest.mark.postgres
 
 
 def _worker(url: str, *extra: str, sampler: str | None = "gp") -> subprocess.Popen[str]:
@@ -81,12 +81,13 @@ def _wait_for(predicate: object, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_three_workers_finish_exactly_the_total_with_baselines_once(postgres_url: str) -> None:
-    workers = [_worker(postgres_url, "--total-trials", "9", "--n-trials", "50") for _ in range(3)]
+@pytest.mark.slow
+def test_three_workers_finish_exactly_the_total_with_baselines_once(server_url: str) -> None:
+    workers = [_worker(server_url, "--total-trials", "9", "--n-trials", "50") for _ in range(3)]
     outputs = [worker.communicate(timeout=600) for worker in workers]
     for worker, (_, stderr) in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, stderr
-    trials = _trials(postgres_url)
+    trials = _trials(server_url)
     assert sum(t.state in FINISHED for t in trials) == 9
     assert sorted(
         t.user_attrs.get("baseline", "") for t in trials if "baseline" in t.user_attrs
@@ -101,7 +102,7 @@ def test_three_workers_finish_exactly_the_total_with_baselines_once(postgres_url
         "--objective",
         FAST,
         "--storage",
-        postgres_url,
+        server_url,
         "--format",
         "json",
     )
@@ -109,20 +110,21 @@ def test_three_workers_finish_exactly_the_total_with_baselines_once(postgres_url
     assert "num_workers" in json.loads(best.stdout)["dataloader"]
 
 
+@pytest.mark.slow
 def test_two_workers_under_the_default_strategy_share_one_profile_and_one_seed(
-    postgres_url: str,
+    server_url: str,
 ) -> None:
     """The pipeline profile and the worker range are stored once; the baselines and the model's
     predicted best are queued once; the model's proposals, read with the other worker's trials
     pending, never repeat a setting."""
     workers = [
-        _worker(postgres_url, "--total-trials", "8", "--n-trials", "50", sampler=None)
+        _worker(server_url, "--total-trials", "8", "--n-trials", "50", sampler=None)
         for _ in range(2)
     ]
     outputs = [worker.communicate(timeout=600) for worker in workers]
     for worker, (_, stderr) in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, stderr
-    study = optuna.load_study(study_name=STUDY, storage=postgres_url)
+    study = optuna.load_study(study_name=STUDY, storage=server_url)
     assert PROFILE_ATTR in study.user_attrs
     assert WORKER_RANGE_ATTR in study.user_attrs
     trials = study.trials
@@ -136,7 +138,8 @@ def test_two_workers_under_the_default_strategy_share_one_profile_and_one_seed(
     assert len(settings) == len(set(settings))
 
 
-def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(postgres_url: str) -> None:
+@pytest.mark.slow
+def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(server_url: str) -> None:
     fleet = [
         "--heartbeat-interval",
         "1",
@@ -147,26 +150,26 @@ def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(postgres_url: s
         "--n-trials",
         "50",
     ]
-    first = _worker(postgres_url, *fleet, "--trial-seconds", "4")
+    first = _worker(server_url, *fleet, "--trial-seconds", "4")
     try:
         _wait_for(
             lambda: any(
-                t.state == TrialState.RUNNING and t.number >= 2 for t in _trials(postgres_url)
+                t.state == TrialState.RUNNING and t.number >= 2 for t in _trials(server_url)
             ),
             240,
             "a running trial",
         )
-        running = next(t for t in _trials(postgres_url) if t.state == TrialState.RUNNING)
+        running = next(t for t in _trials(server_url) if t.state == TrialState.RUNNING)
         first.send_signal(signal.SIGKILL)
         first.wait(30)
     finally:
         if first.poll() is None:
             first.kill()
         first.communicate()
-    second = _worker(postgres_url, *fleet)
+    second = _worker(server_url, *fleet)
     _, stderr = second.communicate(timeout=600)
     assert second.returncode == 0, stderr
-    trials = _trials(postgres_url)
+    trials = _trials(server_url)
     assert trials[running.number].state == TrialState.FAIL
     retries = [t for t in trials if t.system_attrs.get("failed_trial") == running.number]
     assert retries and retries[-1].state == TrialState.COMPLETE
@@ -174,49 +177,36 @@ def test_a_sigkilled_workers_trial_fails_and_its_retry_completes(postgres_url: s
     assert sum(t.state in FINISHED for t in trials) == 6
 
 
-@pytest.mark.skipif(
-    shutil.which("pg_ctlcluster") is None, reason="needs the local PostgreSQL cluster tools"
-)
-def test_a_database_restart_mid_study_loses_nothing(postgres_url: str) -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    worker = _worker(
-        postgres_url, "--total-trials", "10", "--n-trials", "50", "--trial-seconds", "1"
-    )
+@pytest.mark.slow
+def test_a_database_restart_mid_study_loses_nothing(
+    server_url_with_password: tuple[str, str],
+) -> None:
+    url, secret = server_url_with_password
+    if not can_restart_local_server(url):
+        pytest.skip("needs this machine's own server and its tools")
+    worker = _worker(url, "--total-trials", "10", "--n-trials", "50", "--trial-seconds", "1")
     try:
-        _wait_for(
-            lambda: sum(t.state in FINISHED for t in _trials(postgres_url)) >= 3,
-            240,
-            "three trials",
-        )
-        subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "stop"], check=True
-        )
+        _wait_for(lambda: sum(t.state in FINISHED for t in _trials(url)) >= 3, 240, "three trials")
+        stop_local_server(url)
         time.sleep(4)  # a trial finishes while the database is down
-        subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"], check=True
-        )
+        start_local_server(url)
         _, stderr = worker.communicate(timeout=600)
     finally:
-        subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
-            check=False,
-            capture_output=True,
-        )
+        start_local_server(url)
         if worker.poll() is None:
             worker.kill()
     assert worker.returncode == 0, stderr
     assert "database unreachable" in stderr
-    trials = _trials(postgres_url)
+    assert secret not in stderr
+    trials = _trials(url)
     assert sum(t.state in FINISHED for t in trials) == 10
     assert [t.number for t in trials] == list(range(len(trials)))
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.FAIL)]
 
 
-def test_passwords_never_appear(postgres_url: str) -> None:
-    secret = "s3cret-pw-123"
-    # The server trusts local connections, so any password is accepted: the point is that
-    # whatever is in the URL never leaves this process.
-    url = postgres_url.replace("postgres@", f"postgres:{secret}@")
+@pytest.mark.slow
+def test_passwords_never_appear(server_url_with_password: tuple[str, str]) -> None:
+    url, secret = server_url_with_password
     result = run_cli(
         "tuner.study",
         "--hardware",
@@ -232,7 +222,7 @@ def test_passwords_never_appear(postgres_url: str) -> None:
     assert result.returncode == 0, result.stderr
     assert secret not in result.stdout + result.stderr
     assert "***" in result.stderr
-    study = optuna.load_study(study_name=STUDY, storage=postgres_url)
+    study = optuna.load_study(study_name=STUDY, storage=url)
     dumped = json.dumps(
         [
             study.user_attrs,
@@ -241,13 +231,19 @@ def test_passwords_never_appear(postgres_url: str) -> None:
         ]
     )
     assert secret not in dumped
-    bad = run_cli(
-        "tuner.study",
-        "--hardware",
-        "auto",
-        "--storage",
-        url.rsplit("/", 1)[0] + "/no_such_db",
-        *QUICK,
-    )
-    assert bad.returncode == 2 and secret not in bad.stderr and "***" in bad.stderr
-    assert secret not in run_cli("tuner.profiles", "list", "--storage", url).stdout
+    listed = run_cli("tuner.profiles", "list", "--storage", url)
+    assert listed.returncode == 0, listed.stderr
+    assert secret not in listed.stdout + listed.stderr
+    assert STUDY.split("@")[1] in listed.stdout  # it read the study's profile, not nothing
+    parsed = sqlalchemy.engine.make_url(url)
+    bad_urls = [
+        url.rsplit("/", 1)[0] + "/no_such_db",  # a database that is not there
+        parsed.set(port=free_port()).render_as_string(hide_password=False),  # no server
+    ]
+    if parsed.get_backend_name() != "postgresql":  # PostgreSQL here accepts any password
+        bad_urls.append(parsed.set(password=secret + "-wrong").render_as_string(False))
+    for bad_url in bad_urls:
+        bad = run_cli("tuner.study", "--hardware", "auto", "--storage", bad_url, *QUICK)
+        assert bad.returncode == 2, bad.stderr
+        assert secret not in bad.stderr and "***" in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr

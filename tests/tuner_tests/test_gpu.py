@@ -43,6 +43,7 @@ NVML_HERE = nvml_works_here()
 # --- the real NVML -----------------------------------------------------------------------------
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(NVML_HERE, reason="this machine has a GPU that NVML can read")
 def test_open_without_nvml_gives_no_gpu_reader_and_one_info_line(
     caplog: pytest.LogCaptureFixture,
@@ -60,6 +61,7 @@ def test_open_without_nvml_gives_no_gpu_reader_and_one_info_line(
     reader.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not NVML_HERE, reason="needs a GPU that NVML can read")
 def test_open_with_nvml_reads_every_device() -> None:
     reader = open_gpu_reader()
@@ -297,3 +299,10 @@ def test_gpu_memory_used_is_the_fullest_selected_device(
 
 def test_gpu_memory_used_without_readings_is_none() -> None:
     assert gpu_memory_used_bytes([]) is None
+
+
+@pytest.mark.parametrize(("device", "index"), [("cuda", 0), ("cuda:0", 0), ("cuda:3", 3)])
+def test_the_guard_watches_the_nvml_index_of_the_trials_device(device: str, index: int) -> None:
+    """Without ``CUDA_VISIBLE_DEVICES`` NVML counts devices as CUDA does."""
+    devices = NvmlGpuReader(nvml=fake_nvml(device_count=4)).devices()
+    assert nvml_index_of(device, devices, environ={}, pci_address=lambda ordinal: None) == index

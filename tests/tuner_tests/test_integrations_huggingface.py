@@ -21,16 +21,14 @@ import optuna
 import pytest
 import torch
 
-for _name in ("transformers", "datasets", "accelerate"):
-    pytest.importorskip(_name)
-
-from tests.conftest import QUICK_TRIALS, ROOT  # noqa: E402
-from tests.objectives_tests import hf_script  # noqa: E402
-from tuner import best_setting  # noqa: E402
-from tuner._attrs import trial_settings  # noqa: E402
-from tuner.insight import BestSetting  # noqa: E402
-from tuner.integrations.huggingface import tuned_training_arguments  # noqa: E402
-from tuner.search._settings import LoaderSettings  # noqa: E402
+from objectives import WorkloadError
+from tests.conftest import QUICK_TRIALS, ROOT
+from tests.objectives_tests import hf_script
+from tuner import best_setting
+from tuner._attrs import trial_settings
+from tuner.insight import BestSetting
+from tuner.integrations.huggingface import training_arguments, tuned_training_arguments
+from tuner.search._settings import LoaderSettings
 
 EXAMPLE = Path(__file__).with_name("hf_train.py")
 SECTION = "## From a Hugging Face Trainer"
@@ -125,7 +123,7 @@ def test_the_format_hf_code_pasted_into_a_fresh_process_builds_the_tuned_argumen
     result = _run([sys.executable, "-c", prelude + code + observe], tmp_path)
     assert result.returncode == 0, result.stderr
     got = json.loads(result.stdout.strip().splitlines()[-1])
-    assert got == {**best.training_arguments(), "threads": best.torch_num_threads}
+    assert got == {**training_arguments(best), "threads": best.torch_num_threads}
 
 
 @pytest.mark.slow
@@ -141,7 +139,16 @@ def test_tuned_training_arguments_give_a_trainer_that_loads_as_tuned(example: Ex
         torch.set_num_threads(threads)
     assert args.per_device_train_batch_size == 12  # the arguments passed in are left alone
     assert tuned.learning_rate == 3e-3 and tuned.output_dir == args.output_dir
-    assert {key: getattr(tuned, key) for key in FIELDS} == best.training_arguments()
+    # Each field against the stored setting itself (not the arguments the code builds from it).
+    setting = best.settings
+    assert tuned.per_device_train_batch_size == setting.batch
+    assert tuned.gradient_accumulation_steps == setting.accumulation_steps
+    assert tuned.per_device_train_batch_size * tuned.gradient_accumulation_steps == 32
+    assert tuned.dataloader_num_workers == setting.num_workers
+    assert tuned.dataloader_pin_memory == setting.pin_memory
+    assert tuned.dataloader_prefetch_factor == setting.prefetch_factor
+    assert tuned.dataloader_persistent_workers == setting.persistent_workers
+    assert {key: getattr(tuned, key) for key in FIELDS} == training_arguments(best)
 
     loader = hf_script.make_trainer(tuned).get_train_dataloader()
     kwargs = best.dataloader_kwargs
@@ -159,7 +166,7 @@ def test_training_arguments_keep_the_effective_batch_of_every_trial(example: Exa
     assert best.effective_batch == 32  # the README's --effective-batch
     study = optuna.load_study(study_name=best.study_name, storage=example.url)
     for trial in study.trials:
-        fields = dataclasses.replace(best, settings=trial_settings(trial)).training_arguments()
+        fields = training_arguments(dataclasses.replace(best, settings=trial_settings(trial)))
         batch, steps = fields["per_device_train_batch_size"], fields["gradient_accumulation_steps"]
         assert batch * steps == 32, fields
         if fields["dataloader_num_workers"] == 0:
@@ -178,6 +185,6 @@ def test_a_token_budget_is_not_a_per_device_batch_size() -> None:
         window_samples_per_sec=10.0,
         finished_trials=4,
     )
-    with pytest.raises(ValueError, match="tuned max_tokens") as caught:
-        best.training_arguments()
+    with pytest.raises(WorkloadError, match="tuned max_tokens") as caught:
+        training_arguments(best)
     assert "\n" not in str(caught.value)

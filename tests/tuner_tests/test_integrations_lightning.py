@@ -16,15 +16,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
-
-pytest.importorskip("lightning")
-
 import lightning as L
+import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-from tests.conftest import ROOT, study_cli
+from objectives import WorkloadError
+from tests.conftest import ROOT, run_python, study_cli
 from tuner.insight._best import BestSetting, best_setting
 from tuner.integrations.lightning import TunedDataLoaders, tuned_dataloader
 from tuner.search._settings import LoaderSettings
@@ -155,11 +153,12 @@ def test_a_token_budget_is_not_a_batch_size_one_line() -> None:
         window_samples_per_sec=1.0,
         finished_trials=1,
     )
-    with pytest.raises(ValueError, match="max_tokens=4096 is a batch sampler's") as caught:
+    with pytest.raises(WorkloadError, match="max_tokens=4096 is a batch sampler's") as caught:
         tuned_dataloader(DataLoader(list(range(8)), batch_size=2), best)
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_without_a_study_the_run_trains_with_its_own_loader_and_a_warning(
     example: ModuleType, tmp_path: Path
 ) -> None:
@@ -217,3 +216,19 @@ def test_the_readme_example_trains_as_written(
     assert trainer.global_step == 3 and trainer.accumulate_grad_batches == 1
     (tuned,) = [c for c in trainer.callbacks if isinstance(c, TunedDataLoaders)]
     assert tuned.best is not None and tuned.best.batch == 16
+
+
+def test_without_lightning_the_import_says_what_to_install() -> None:
+    """Lightning missing (its modules blocked, as an interpreter without it finds them)."""
+    code = (
+        "import sys\n"
+        "sys.modules['lightning'] = sys.modules['lightning.pytorch'] = None\n"
+        "import tuner, objectives\n"
+        "try:\n"
+        "    import tuner.integrations.lightning\n"
+        "except ImportError as error:\n"
+        "    print(error)\n"
+    )
+    result = run_python(code, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'dataloader-tuner[lightning]'" in result.stdout

@@ -4,9 +4,10 @@ Each test starts a real study, waits for one phase (the forkserver importing tor
 ceiling, which finds the batch edge on this roomy machine, the pipeline profile, a trial with
 persistent DataLoader workers, the re-measurement), remembers every process of the study's
 tree, SIGKILLs the study process as the OOM killer or a preempted job would, and checks that
-none of the remembered processes is alive 2 s later. The phase is read from the process tree (a
-trial child leads its own process group) and the study's SQLite file (the ceiling and the
-profile each end by writing a study attr).
+none of the remembered processes outlives it: each is polled for until a generous deadline
+(:data:`GONE_WITHIN_S`), a bound on a busy machine's scheduling, not a speed the test asserts.
+The phase is read from the process tree (a trial child leads its own process group) and the
+study's SQLite file (the ceiling and the profile each end by writing a study attr).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 from tests.conftest import QUICK_TRIALS, ROOT
 
 N_TRIALS = 3
-GONE_WITHIN_S = 2.0
+GONE_WITHIN_S = 15.0
 
 
 def _descendants(root: psutil.Process) -> list[psutil.Process]:
@@ -161,8 +162,9 @@ def _wait_for(phase: Phase, study: subprocess.Popen[bytes], db: StudyDb, log: Pa
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", list(PHASES))
-def test_killed_study_leaves_no_process_alive_2s_later(tmp_path: Path, phase: str) -> None:
+def test_killed_study_leaves_no_process_alive(tmp_path: Path, phase: str) -> None:
     db_path = tmp_path / "tuner.db"
     log = tmp_path / "study.log"
     command = [
@@ -184,7 +186,6 @@ def test_killed_study_leaves_no_process_alive_2s_later(tmp_path: Path, phase: st
         while _alive(tree) and time.monotonic() - killed_at < GONE_WITHIN_S:
             time.sleep(0.02)
         survivors = _alive(tree)
-        gone_after_s = time.monotonic() - killed_at
     finally:
         if study.poll() is None:
             study.kill()
@@ -196,4 +197,3 @@ def test_killed_study_leaves_no_process_alive_2s_later(tmp_path: Path, phase: st
         f"alive {GONE_WITHIN_S} s after the kill in phase {phase}: "
         f"{[roles[p.pid] for p in survivors]}"
     )
-    assert gone_after_s < GONE_WITHIN_S

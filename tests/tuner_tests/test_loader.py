@@ -97,6 +97,7 @@ def knobbed_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return url, result.stderr
 
 
+@pytest.mark.slow
 def test_loader_uses_the_stored_best(knobbed_study: tuple[str, str]) -> None:
     url, stderr = knobbed_study
     best = json.loads(best_cli(url, KNOBBED, "--format", "json").stdout)
@@ -112,6 +113,7 @@ def test_loader_uses_the_stored_best(knobbed_study: tuple[str, str]) -> None:
     assert auto_profile_name(detect_fingerprint()) in stderr
 
 
+@pytest.mark.slow
 def test_loader_applies_the_knobs_through_the_workload(
     knobbed_study: tuple[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -131,6 +133,7 @@ def test_loader_applies_the_knobs_through_the_workload(
     assert len(images) == setting.batch and labels.dtype == torch.int64
 
 
+@pytest.mark.slow
 def test_set_threads_false_keeps_the_callers_threads(knobbed_study: tuple[str, str]) -> None:
     url, _ = knobbed_study
     setting = tuner.best_setting(objective=KNOBBED, storage=url)
@@ -140,6 +143,7 @@ def test_set_threads_false_keeps_the_callers_threads(knobbed_study: tuple[str, s
     assert torch.get_num_threads() == mine
 
 
+@pytest.mark.slow
 def test_loader_takes_a_dataset_or_a_workload(knobbed_study: tuple[str, str]) -> None:
     url, _ = knobbed_study
     with pytest.raises(TypeError, match="exactly one"):

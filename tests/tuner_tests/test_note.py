@@ -12,6 +12,7 @@ import optuna_dashboard
 import pytest
 import torch
 
+from storage import open_artifact_store
 from tests.tuner_tests.test_report import add_measured_trial, build_measured_study, starving
 from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
@@ -19,11 +20,10 @@ from tuner._naming import (
     CEILING_ATTR,
     REMEASURED_ATTR,
 )
+from tuner.insight import best_trial
 from tuner.insight._best import optuna_best, study_best
 from tuner.insight._note import save_study_note, study_note
-from tuner.insight._summary import best_trial
 from tuner.search._settings import LoaderSettings
-from tuner.trial._artifacts import open_artifact_store
 from tuner.trial._measure import measure
 
 

@@ -1,11 +1,23 @@
-"""The re-measurement at the end of a study: rounds filled up, baselines that fall behind let go,
-extra rounds only for candidates the fresh rounds left close."""
+"""The re-measurement at the end of a study: rounds filled up, candidates and baselines that fall
+behind let go, extra rounds only for candidates the fresh rounds left close, then the hold-out of
+the pick and the baselines side by side."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from tuner.run._remeasure import RACE_MARGIN, fill_rounds, pick_best, race
+from optuna.trial import create_trial
+
+from tuner.run._remeasure import (
+    RACE_MARGIN,
+    contenders,
+    fill_rounds,
+    hold_out,
+    pick_best,
+    race,
+    race_rounds,
+    select,
+)
 
 
 def reader(values: dict[int, list[float]]) -> tuple[Callable[[int], float | None], list[int]]:
@@ -68,13 +80,13 @@ def test_the_rounds_are_interleaved() -> None:
     assert asked == [0, 1, 2, 0, 1, 2]
 
 
-def test_a_baseline_out_of_the_race_after_one_round_is_not_measured_again() -> None:
-    # 2 is a baseline 30% behind; 3 is a baseline within the margin: it could still be picked.
+def test_a_candidate_out_of_the_race_after_one_round_is_not_measured_again() -> None:
+    # 2 is 30% behind; 3 is within the margin: it could still be picked.
     runs: dict[int, list[float]] = {0: [], 1: [], 2: [], 3: []}
     measure, asked = reader(
         {0: [1000.0, 1010.0], 1: [900.0, 950.0], 2: [700.0, 710.0], 3: [960.0, 940.0]}
     )
-    fill_rounds(runs, measure, 2, followers={2, 3})
+    fill_rounds(runs, measure, 2)
     assert asked == [0, 1, 2, 3, 0, 1, 3]
     assert runs[2] == [700.0]
 
@@ -102,3 +114,101 @@ def test_one_slow_round_does_not_outweigh_a_higher_median() -> None:
     runs = {3: [1834.0, 1902.0, 1298.0], 5: [1471.0, 1480.0, 1460.0]}
     assert pick_best(runs) == 3
     assert pick_best({0: [1000.0, 1000.0], 1: [1000.0, 1000.0, 600.0]}) == 0  # ties: the steadier
+
+
+def _fake(values: dict[int, float]) -> tuple[Callable[[int], float | None], list[int]]:
+    """A steady machine: each candidate reads the same figure every round."""
+    asked: list[int] = []
+
+    def measure(number: int) -> float | None:
+        asked.append(number)
+        return values[number]
+
+    return measure, asked
+
+
+def _before(values: dict[int, float], baselines: set[int], rounds: int) -> int:
+    """The measurements the re-measurement took before the hold-out, on a steady machine: every
+    candidate ``rounds`` rounds, a baseline one more only while within the margin, then the
+    race (counted by hand from that code, for comparison)."""
+    leader = max(values[n] for n in values)
+    close = {n for n in values if values[n] >= (1 - RACE_MARGIN) * leader}
+    count = len(values) + (rounds - 1) * len(
+        [n for n in values if n not in baselines or n in close]
+    )
+    racers = [n for n in values if n in close]
+    return count + (race_rounds(rounds) * len(racers) if len(racers) > 1 else 0)
+
+
+def _study_remeasure(values: dict[int, float], baselines: set[int], rounds: int) -> list[int]:
+    """What :func:`tuner.run._remeasure.remeasure` asks for, without a runner: the selection
+    of the contenders, then the hold-out; returns the measured trial numbers in order."""
+    trials = [
+        create_trial(value=values[n], user_attrs={"baseline": "b"} if n in baselines else {})
+        for n in values
+    ]
+    for number, trial in enumerate(trials):
+        trial.number = number
+    measure, asked = _fake(values)
+    runs: dict[int, list[float]] = {t.number: [] for t in contenders(trials)}
+    pick = select(runs, measure, rounds)
+    assert pick is not None
+    hold_out(pick, sorted(baselines), measure, rounds)
+    return asked
+
+
+def test_a_clear_decision_costs_fewer_measurements_than_before() -> None:
+    # Three candidates, the leader 20% and 30% ahead; two baselines far behind.
+    values = {0: 1000.0, 1: 800.0, 2: 700.0, 3: 400.0, 4: 300.0}
+    for rounds in (2, 3):
+        asked = _study_remeasure(values, {3, 4}, rounds)
+        # One selection round of the three candidates; the hold-out: the pick's rounds and one
+        # round of each baseline, which is far behind after it.
+        assert asked == [0, 1, 2] + [0, 3, 4] + [0] * (rounds - 1)
+        assert len(asked) < _before(values, {3, 4}, rounds)  # 7 < 8 at 2 rounds, 8 < 11 at 3
+
+
+def test_an_open_decision_races() -> None:
+    # 0 and 1 are within the margin of each other; 2 is out after one round.
+    values = {0: 1000.0, 1: 950.0, 2: 600.0, 3: 400.0}
+    asked = _study_remeasure(values, {3}, 2)
+    selection = asked[: asked.index(3) - 1]  # before the hold-out's first round (the pick)
+    assert selection.count(0) == selection.count(1) == 2 + race_rounds(2)
+    assert selection.count(2) == 1
+    assert asked[len(selection) :] == [0, 3, 0]
+
+
+def test_a_baseline_within_the_margin_contends_and_stays_in_the_hold_out() -> None:
+    values = {0: 1000.0, 1: 700.0, 2: 950.0}  # 2: a baseline as fast as the best candidate
+    trials = [create_trial(value=values[n]) for n in (0, 1)]
+    trials.append(create_trial(value=values[2], user_attrs={"baseline": "b"}))
+    for number, trial in enumerate(trials):
+        trial.number = number
+    assert [t.number for t in contenders(trials)] == [0, 1, 2]
+    measure, asked = _fake(values)
+    held = hold_out(0, [2], measure, 3)
+    assert held == {0: [1000.0] * 3, 2: [950.0] * 3}  # close: its speedup needs every round
+    assert asked == [0, 2, 0, 2, 0, 2]
+
+
+def test_a_lone_candidate_is_picked_without_a_selection_round() -> None:
+    measure, asked = _fake({5: 1000.0})
+    runs: dict[int, list[float]] = {5: []}
+    assert select(runs, measure, 3) == 5
+    assert asked == []
+    assert hold_out(5, [], measure, 3) == {5: [1000.0] * 3}
+
+
+def test_the_hold_out_keeps_the_pick_through_failed_rounds() -> None:
+    runs: dict[int, list[float]] = {0: [], 1: []}
+    values = {0: [None, 1000.0, 1010.0], 1: [500.0, 505.0, 510.0]}
+    asked: list[int] = []
+
+    def measure(number: int) -> float | None:
+        asked.append(number)
+        return values[number].pop(0)
+
+    fill_rounds(runs, measure, 3, keep={0})
+    # Until the pick has a round there is nothing to be behind; then 1 is far behind and stops.
+    assert runs == {0: [1000.0, 1010.0], 1: [500.0, 505.0]}
+    assert asked == [0, 1, 0, 1, 0]

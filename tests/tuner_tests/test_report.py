@@ -23,6 +23,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from torch.utils.data import DataLoader
 
 from objectives import Workload
+from storage import open_artifact_store, read_trial_text, upload_trial_csv
 from tests.conftest import run_cli
 from tests.tuner_tests.workloads import Vectors
 from tuner._cli import run_cli as run_main
@@ -32,12 +33,11 @@ from tuner._naming import (
     CEILING_ATTR,
     METRIC_NAME,
 )
+from tuner.insight import efficiency
 from tuner.insight._diagnosis import diagnose
-from tuner.insight._summary import efficiency
 from tuner.machine import detect_fingerprint
 from tuner.report import main
 from tuner.search._settings import LoaderSettings
-from tuner.trial._artifacts import open_artifact_store, read_trial_text, upload_trial_csv
 from tuner.trial._measure import count_samples
 from tuner.trial._telemetry import (
     STEPS_CSV,

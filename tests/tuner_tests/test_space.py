@@ -128,7 +128,30 @@ def test_baselines_run_the_knobs_the_user_fixed_and_the_defaults_of_the_rest() -
     space = dataclasses.replace(space, fixed=space.parse_fixed(["collate=uint8", "batch_size=8"]))
     baselines = baseline_settings(space, 2)
     assert {b.knobs["collate"] for b in baselines.values()} == {"uint8"}
+    assert {b.batch for b in baselines.values()} == {8}
     assert space.main_process_settings(8).knobs == {"collate": "uint8"}
+
+
+def test_a_fixed_value_binds_both_baselines() -> None:
+    space = _space()
+    space = dataclasses.replace(space, fixed=space.parse_fixed(["num_workers=2", "batch_size=8"]))
+    baselines = baseline_settings(space, physical_cores=4)
+    assert list(baselines) == ["pytorch-default", "rule-of-thumb"]
+    assert {(b.num_workers, b.batch) for b in baselines.values()} == {(2, 8)}
+    # PyTorch's defaults for a loader with workers; the rule of thumb keeps its own.
+    default, rule = baselines["pytorch-default"], baselines["rule-of-thumb"]
+    assert (default.prefetch_factor, default.persistent_workers) == (2, False)
+    assert (rule.prefetch_factor, rule.persistent_workers) == (2, True)
+
+
+def test_baselines_the_fixed_values_make_the_same_are_one() -> None:
+    space = _space()
+    fixed = ["num_workers=0", "torch_num_threads=1"]
+    space = dataclasses.replace(space, fixed=space.parse_fixed(fixed))
+    baselines = baseline_settings(space, physical_cores=4)
+    assert list(baselines) == ["pytorch-default"]
+    only = baselines["pytorch-default"]
+    assert (only.num_workers, only.torch_num_threads, only.prefetch_factor) == (0, 1, None)
 
 
 def test_settings_round_trip_and_dominance() -> None:

@@ -4,6 +4,7 @@ real DataLoader workers, a real SQLite file."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -58,6 +59,7 @@ def _shows_the_set_up_then_leads_with_the_answer(result: subprocess.CompletedPro
     assert "of the ceiling" not in out and "pipeline: fetch" not in out
 
 
+@pytest.mark.slow
 def test_study_records_what_it_measured(tuned: Path) -> None:
     study = _study(tuned)
     assert study.metric_names == ["samples_per_sec"]
@@ -82,6 +84,7 @@ def test_study_records_what_it_measured(tuned: Path) -> None:
     assert {"pipeline_profile", "bound_samples_per_sec", "num_workers_max"} <= set(study.user_attrs)
 
 
+@pytest.mark.slow
 def test_baselines_come_first_and_once_also_on_resume(tuned: Path) -> None:
     result = study_cli(
         f"sqlite:///{tuned}", FAST, "--n-trials", "2", "--remeasure-top", "0", *GP, *QUICK
@@ -97,6 +100,7 @@ def test_baselines_come_first_and_once_also_on_resume(tuned: Path) -> None:
     assert len(trials) == 8
 
 
+@pytest.mark.slow
 def test_best_formats(tuned: Path) -> None:
     storage = f"sqlite:///{tuned}"
     as_json = best_cli(storage, FAST, "--format", "json")
@@ -115,6 +119,7 @@ def test_best_formats(tuned: Path) -> None:
     assert f"trial {setting['trial']}," in table.stdout and "torch_num_threads" in table.stdout
 
 
+@pytest.mark.slow
 def test_best_params_api_matches_the_cli(tuned: Path) -> None:
     import tuner
 
@@ -130,6 +135,7 @@ def _optuna(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(command), *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_optunas_own_cli_reads_the_study(tuned: Path) -> None:
     studies = _optuna("studies", "--storage", f"sqlite:///{tuned}", "-f", "json")
     assert studies.returncode == 0, studies.stderr
@@ -153,44 +159,6 @@ def test_no_study_is_exit_1_and_creates_nothing(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "dataloader-tuner study" in result.stderr
     assert not db.exists()
-
-
-@pytest.mark.parametrize(
-    ("args", "fragment"),
-    [
-        (["--hardware", "no-such-box"], "g4dn.xlarge"),
-        (["--hardware", "auto", "--objective", "nosuchmodule:thing"], "nosuchmodule"),
-        (["--hardware", "auto", "--objective", "tests.tuner_tests.workloads:nothing"], "nothing"),
-        (["--hardware", "auto", "--objective", "missing_file.py:w"], "missing_file.py"),
-        (
-            ["--hardware", "auto", "--storage", "postgresql+psycopg://bob:s3cret@127.0.0.1:1/x"],
-            "cannot reach",
-        ),
-        (["--hardware", "auto", "--storage", "nonsense://"], "storage"),
-        (["--hardware", "auto", "--fix", "warp_speed=9"], "unknown parameter"),
-        (["--hardware", "auto", "--fix", "num_workers=lots"], "integer"),
-        (["--hardware", "auto", "--n-trials", "0"], "positive"),
-        (["--hardware", "auto", "--n-trials", "-3"], "positive"),
-        (["--hardware", "auto", "--memory-limit", "lots"], "memory limit"),
-        (["--hardware", "auto", "--effective-batch", "12", "--objective", FAST], "effective-batch"),
-        (["--hardware", "auto", "--device", "cuda"], "CUDA"),
-        (["--hardware", "g4dn.xlarge"], "does not match"),
-    ],
-)
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(
-    tmp_path: Path, args: list[str], fragment: str
-) -> None:
-    db = tmp_path / "t.db"
-    full = [*args] if "--storage" in args else [*args, "--storage", f"sqlite:///{db}"]
-    result = run_cli("tuner.study", *full, cwd=tmp_path)
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert fragment in lines[0]
-    assert "s3cret" not in result.stderr
-    assert not db.exists()
-    assert not (tmp_path / "tuner.db").exists()
 
 
 USER_FILE = """
@@ -222,6 +190,7 @@ def workload() -> Workload:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_user_workload_from_a_file_with_worker_processes(tmp_path: Path, context: str) -> None:
     path = tmp_path / "my_workload.py"
@@ -244,11 +213,15 @@ def test_user_workload_from_a_file_with_worker_processes(tmp_path: Path, context
     assert result.returncode == 0, result.stderr
     study = _study(db, f"{path}:workload")
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert any(t.user_attrs["settings"]["num_workers"] == 2 for t in complete), [
-        t.user_attrs for t in study.trials
-    ]
+    assert complete, [t.user_attrs for t in study.trials]
+    # The fixed value binds every trial, the baselines included.
+    assert "baseline" in study.trials[0].user_attrs
+    for trial in study.trials:
+        assert trial.user_attrs["settings"]["num_workers"] == 2, trial.user_attrs
+        assert trial.user_attrs["settings"]["multiprocessing_context"] == context
 
 
+@pytest.mark.slow
 def test_a_raising_dataset_fails_its_trials_and_the_study_goes_on(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     objective = "tests.tuner_tests.workloads:raising"
@@ -262,6 +235,7 @@ def test_a_raising_dataset_fails_its_trials_and_the_study_goes_on(tmp_path: Path
         assert "corrupt file" in trial.user_attrs["error"]
 
 
+@pytest.mark.slow
 def test_effective_batch_sets_accumulation(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     result = study_cli(
@@ -281,6 +255,7 @@ def test_effective_batch_sets_accumulation(tmp_path: Path) -> None:
         assert settings["batch"] * settings["accumulation_steps"] == 64
 
 
+@pytest.mark.slow
 def test_a_setting_measured_before_is_answered_from_the_study(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     fixed = ["--fix", "num_workers=0", "--fix", "batch_size=32", "--fix", "torch_num_threads=1"]
@@ -288,16 +263,18 @@ def test_a_setting_measured_before_is_answered_from_the_study(tmp_path: Path) ->
         f"sqlite:///{db}", FAST, "--n-trials", "5", *fixed, "--remeasure-top", "0", *GP, *QUICK
     )
     assert result.returncode == 0, result.stderr
-    baselines, (first, *repeats) = _study(db).trials[:2], _study(db).trials[2:]
-    assert all("baseline" in trial.user_attrs for trial in baselines)
-    assert "repeat_of" not in first.user_attrs
-    assert len(repeats) == 2
+    # With these three fixed (on CPU) both baselines are the same setting: it is queued once,
+    # and every trial sampled after it is that setting again, answered from the study.
+    baseline, *repeats = _study(db).trials
+    assert baseline.user_attrs["baseline"] == "pytorch-default"
+    assert "repeat_of" not in baseline.user_attrs
+    assert len(repeats) == 4
     for repeat in repeats:
-        # Every trial after the first sampled one is the same setting: nothing is run again.
-        assert repeat.user_attrs["repeat_of"] == first.number
-        assert repeat.state == first.state and repeat.value == first.value
-        assert repeat.user_attrs["settings"] == first.user_attrs["settings"]
-        assert repeat.duration is not None and repeat.duration.total_seconds() < 1.0
+        assert repeat.user_attrs["repeat_of"] == baseline.number
+        assert repeat.state == baseline.state and repeat.value == baseline.value
+        assert repeat.user_attrs["settings"] == baseline.user_attrs["settings"]
+        # Nothing ran: a repeat takes less than the measurement window it would have needed.
+        assert repeat.duration < baseline.duration
 
 
 @pytest.mark.slow
@@ -340,9 +317,43 @@ def test_the_default_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path
     for trial in trials[3:]:
         if trial.user_attrs.get("model_seed") in ("corrected", "neighbour"):
             assert trial.user_attrs["corrected_samples_per_sec"] > 0
-    for trial in trials:
-        if trial.state == optuna.trial.TrialState.COMPLETE:
-            assert trial.user_attrs["predicted_samples_per_sec"] > 0
-            assert trial.user_attrs["bound_efficiency"] == pytest.approx(
-                trial.value / attrs["bound_samples_per_sec"]
-            )
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    bound = attrs["bound_samples_per_sec"]
+    for trial in complete:
+        # The bound is the best ideal rate over a space wider than the study's (ties within
+        # 1% go to the cheaper setting): no trial's prediction is above it.
+        assert 0 < trial.user_attrs["predicted_samples_per_sec"] <= 1.01 * bound
+    # Against one bound, the efficiencies rank the trials as their throughputs do.
+    by_value = sorted(complete, key=lambda t: t.value)
+    efficiencies = [t.user_attrs["bound_efficiency"] for t in by_value]
+    assert efficiencies == sorted(efficiencies) and efficiencies[0] > 0
+
+
+@pytest.mark.slow
+def test_the_printed_figure_is_the_hold_out_median(tmp_path: Path) -> None:
+    """After the pick, fresh rounds of it and of the baselines side by side: the summary prints
+    their median with its spread, the speedups come from them, and the phases' time is one line."""
+    db = tmp_path / "tuner.db"
+    objective = "tests.tuner_tests.workloads:off_cpu"
+    flags = ["--n-trials", "4", "--seed", "0", "--remeasure-rounds", "2", *GP]
+    result = study_cli(f"sqlite:///{db}", objective, *flags)
+    assert result.returncode == 0, result.stderr
+    study = _study(db, objective)
+    held = {int(n): rounds for n, rounds in study.user_attrs["holdout_samples_per_sec"].items()}
+    best = int(study.user_attrs["best_trial_number"])
+    rounds = held[best]
+    assert len(rounds) == 2
+    median = statistics.median(rounds)
+    figure = (
+        f"best: trial {best}, {median:,.0f} samples/s (median of 2 hold-out rounds, "
+        f"{min(rounds):,.0f}-{max(rounds):,.0f})"
+    )
+    assert figure in result.stdout, result.stdout
+    trials = study.get_trials(deepcopy=False)
+    default = next(t for t in trials if t.user_attrs.get("baseline") == "pytorch-default")
+    if default.number != best:
+        ratio = median / statistics.median(held[default.number])
+        assert f"{ratio:.2f}x over pytorch-default" in result.stdout
+    assert "time: set-up " in result.stdout and ", re-measuring " in result.stdout
+    as_json = json.loads(best_cli(f"sqlite:///{db}", objective, "--format", "json").stdout)
+    assert as_json["samples_per_sec"] == median and as_json["holdout_rounds"] == rounds

@@ -7,7 +7,7 @@ import io
 
 import optuna
 
-from tuner._attrs import record_remeasured, settings_attrs
+from tuner._attrs import record_phases, record_remeasured, settings_attrs
 from tuner._naming import CEILING_ATTR
 from tuner.insight._summary import print_summary
 from tuner.search._settings import LoaderSettings
@@ -89,3 +89,40 @@ def test_the_answer_comes_first_and_the_diagnostics_only_when_verbose() -> None:
     print_summary(study, "batch_size", verbose, verbose=True)
     assert "26% of the ceiling (9,000 samples/s)" in verbose.getvalue()
     assert "predicted" in verbose.getvalue()
+
+
+def _study_with_a_hold_out() -> optuna.Study:
+    """Trial 0 picked at a selection median of 2,400 (its lucky draw); the hold-out after the
+    pick read it at 2,210-2,290 and the pytorch-default baseline (trial 3) at 1,100-1,150."""
+    study = _study_with_medians({0: 2400.0, 1: 2300.0}, best=0)
+    baseline = LoaderSettings(batch=64, num_workers=0)
+    attrs = {**settings_attrs(baseline), "baseline": "pytorch-default"}
+    study.add_trial(optuna.trial.create_trial(value=1200.0, user_attrs=attrs))
+    held = {0: [2290.0, 2210.0, 2250.0], 3: [1100.0, 1150.0, 1125.0]}
+    record_remeasured(study, {0: 2400.0, 1: 2300.0, 3: 1125.0}, best=0, held_out=held)
+    return study
+
+
+def test_the_figure_and_the_speedups_come_from_the_hold_out() -> None:
+    study = _study_with_a_hold_out()
+    out = io.StringIO()
+    print_summary(study, "batch_size", out)
+    text = out.getvalue()
+    assert "best: trial 0, 2,250 samples/s (median of 3 hold-out rounds, 2,210-2,290)" in text
+    assert f"{2250 / 1125:.2f}x over pytorch-default" in text
+    assert "2,400" in text  # the selection's median stays in the table's re-measured column
+
+
+def test_the_phases_time_is_one_line() -> None:
+    study = _study_with_a_hold_out()
+    record_phases(study, {"set-up": 12.04, "trials": 80.4, "re-measuring": 20.0})
+    out = io.StringIO()
+    print_summary(study, "batch_size", out)
+    assert "time: set-up 12 s, trials 80 s, re-measuring 20 s" in out.getvalue()
+
+
+def test_a_study_without_a_hold_out_reads_as_before() -> None:
+    out = io.StringIO()
+    print_summary(_study_with_medians({0: 2365.2, 1: 2333.0, 2: 2229.8}, best=0), "batch", out)
+    assert "best: trial 0, 2,365.2 samples/s\n" in out.getvalue()
+    assert "hold-out" not in out.getvalue() and "time:" not in out.getvalue()

@@ -50,19 +50,24 @@ def busy_core() -> Iterator[subprocess.Popen[bytes]]:
         spinner.wait()
 
 
-def _sample_for(sampler: TelemetrySampler, seconds: float, interval_s: float = 0.1) -> None:
-    sampler.start(time.monotonic())
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def _sample_for(sampler: TelemetrySampler, seconds: float, interval_s: float = 0.1) -> float:
+    """Sample for ``seconds``; return the last sample's time after the start."""
+    started = time.monotonic()
+    sampler.start(started)
+    end = started + seconds
+    now = started
+    while now < end:
         time.sleep(interval_s)
-        sampler.sample(time.monotonic())
+        now = time.monotonic()
+        sampler.sample(now)
+    return now - started
 
 
 def test_a_busy_core_shows_in_the_summary_and_the_csv(
     busy_core: subprocess.Popen[bytes],
 ) -> None:
     sampler = TelemetrySampler()
-    _sample_for(sampler, 1.0)
+    last_s = _sample_for(sampler, 1.0)
     summary = sampler.summary()
     cores = len(os.sched_getaffinity(0))
     # One of the usable cores spins: the overall share is at least about 1/cores of the time.
@@ -78,7 +83,7 @@ def test_a_busy_core_shows_in_the_summary_and_the_csv(
     assert len(rows) == summary["telemetry_samples"]
     assert {f"cpu{core}_percent" for core in os.sched_getaffinity(0)} <= set(rows[0])
     times = [float(row["t_s"]) for row in rows]
-    assert times == sorted(times) and 0 < times[-1] < 2.0
+    assert times == sorted(times) and times[-1] == pytest.approx(last_s, abs=1e-3)
     assert all(row["in_window"] == "1" for row in rows)
 
 
@@ -182,8 +187,10 @@ def test_a_starved_loop_is_diagnosed_from_its_recorded_telemetry() -> None:
         ticker.join()
     attrs = {**result.to_attrs(), **sampler.summary(), "settings": settings.to_attrs()}
     assert attrs["data_wait_fraction"] > 0.9
-    diagnosis = diagnose(attrs)
-    assert diagnosis is not None
-    # The loop waits; whether the cores have room depends on what else this machine runs now.
-    expected = "cpu-bound" if attrs["cpu_percent_mean"] >= 85 else "input-bound"
-    assert diagnosis.bottleneck == expected
+    assert 0 <= attrs["cpu_percent_mean"] <= 100
+    # The loop waits. Whether the cores have room is what else this machine runs now, so the
+    # recording is diagnosed with the machine's load set by hand: idle, then saturated.
+    idle = diagnose({**attrs, "cpu_percent_mean": 5.0})
+    saturated = diagnose({**attrs, "cpu_percent_mean": 100.0})
+    assert idle is not None and saturated is not None
+    assert (idle.bottleneck, saturated.bottleneck) == ("input-bound", "cpu-bound")

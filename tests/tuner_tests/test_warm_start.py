@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import optuna
+import pytest
 
 from tests.conftest import run_cli
 from tuner.machine import Profile, detect_fingerprint, scale_workers
@@ -20,6 +21,7 @@ QUICK = [
 ]
 
 
+@pytest.mark.slow
 def test_a_new_profile_starts_from_the_most_similar_ones(tmp_path: Path) -> None:
     fingerprint = detect_fingerprint()
     memory_gib = fingerprint.usable_memory_bytes / 2**30

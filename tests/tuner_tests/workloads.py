@@ -1,5 +1,5 @@
-"""Small user-style workloads for the tuner's tests: fast, leaky, ramping, settling, hanging,
-raising, dying.
+"""Small user-style workloads for the tuner's tests: fast, off the CPU, leaky, ramping, settling,
+hanging, raising, dying.
 
 They are real workloads (real datasets, real DataLoader workers); each misbehaves the way user
 code does in the field, so the supervisor and the guard are tested against the real thing.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shutil
 import signal
 import time
 
@@ -157,6 +158,24 @@ def spiking_twin() -> Workload:
     )
 
 
+def _sleeping_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    """A step that leaves the CPU idle, as a CUDA step does while the host waits on the device
+    (or a remote service's call): 2 ms a batch and 0.1 ms a sample of wall time, no CPU."""
+    time.sleep(0.002 + 0.0001 * len(batch[0]))
+
+
+def off_cpu() -> Workload:
+    """Samples decoded on the CPU in the workers (a little arithmetic per sample), a step off the
+    CPU: the workers should get the cores, the main process's threads have nothing to do."""
+    return Workload(
+        name="off_cpu",
+        dataset=Vectors(size=2048, work=200),
+        step=_sleeping_step,
+        default_batch_size=32,
+        batch_size_range=(16, 64),
+    )
+
+
 def slow() -> Workload:
     return Workload(
         name="slow",
@@ -208,15 +227,21 @@ SHM_FILE_PREFIX = "tuner-tests-shm-fill-"
 """Files :class:`ShmFilling` leaves in /dev/shm; whoever runs it removes them afterwards."""
 
 
+SHM_FILL_SHARE = 8
+"""Each process of :class:`ShmFilling` writes at most this fraction (1/8) of what was free."""
+
+
 class ShmFilling(Vectors):
     """Each worker writes 2 MiB into /dev/shm per sample, as a leaking shared-memory cache would.
 
-    It stops at 256 MiB per process, so a guard that fails to act cannot fill the machine's tmpfs.
+    It stops at 256 MiB per process, or an eighth of what /dev/shm had free when the dataset was
+    built (Docker's default is 64 MiB), so a guard that fails to act cannot fill the tmpfs.
     """
 
     def __init__(self, directory: str = "/dev/shm", cap_bytes: int = 256 * 2**20) -> None:
         super().__init__(size=10_000)
-        self.directory, self.cap_bytes = directory, cap_bytes
+        free = shutil.disk_usage(directory).free
+        self.directory, self.cap_bytes = directory, min(cap_bytes, free // SHM_FILL_SHARE)
         self._written = 0
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:

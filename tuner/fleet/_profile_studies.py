@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from tuner.insight._best import study_best
+from tuner.insight import study_best
 from tuner.machine import Profile
 
 __all__ = ["StoredStudy", "stored_studies"]

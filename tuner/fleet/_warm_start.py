@@ -15,9 +15,7 @@ import optuna
 from tuner._naming import objective_label
 from tuner.fleet._profile_studies import stored_studies
 from tuner.machine import Profile, scale_workers, similarity
-from tuner.search._baselines import enqueue_settings
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
+from tuner.search import LoaderSettings, SearchSpace, enqueue_settings
 
 __all__ = ["enqueue_warm_start"]
 

@@ -2,10 +2,11 @@
 
 :func:`best_setting` (the Python API and ``python -m tuner.best`` in every format),
 ``tuner.loader``, the dashboard note, the HTML report and ``tuner.profiles`` all name the best
-through :func:`study_best`: the re-measured winner (``best_trial``) with its re-measured median
-as the figure. A :class:`BestSetting` carries the whole setting, not only the DataLoader
-arguments: the main process's intra-op threads (on 2 busy cores, 2 threads instead of 1 cost a
-third of the throughput) and the workload's knobs.
+through :func:`study_best`: the re-measured winner (``best_trial``) with its figure
+(:func:`~tuner.insight._figure.trial_figure`: the hold-out's median where the study took one).
+A :class:`BestSetting` carries the whole setting, not only the DataLoader arguments: the main
+process's intra-op threads (on 2 busy cores, 2 threads instead of 1 cost a third of the
+throughput) and the workload's knobs.
 
 Optuna's own ``study.best_trial`` is the highest single window, which after re-measurement can
 be another trial: finished trials are immutable in Optuna, so the medians live in study attrs
@@ -26,20 +27,22 @@ from optuna.trial import FrozenTrial, TrialState
 from objectives import Workload, load_workload
 from storage import default_storage_url, mask_url, open_storage, sqlite_file_missing
 from tuner import machine
-from tuner._attrs import remeasured, study_batch_param, trial_settings
+from tuner._attrs import remeasured, stored_best_number, study_batch_param, trial_settings
 from tuner._naming import study_name as study_name_for
+from tuner.insight._figure import Figure, trial_figure
 from tuner.insight._snippet import dataloader_snippet
-from tuner.insight._summary import best_trial, trial_throughput
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 __all__ = [
     "BestSetting",
     "NoResultError",
     "best_params",
     "best_setting",
+    "best_trial",
     "optuna_best",
     "resolve_profile_name",
     "study_best",
+    "trial_throughput",
     "tune_command",
 ]
 
@@ -54,10 +57,12 @@ class NoResultError(LookupError):
 class BestSetting:
     """The best setting of one study and what it was measured at.
 
-    ``samples_per_sec`` is the re-measured median where the study re-measured the trial
-    (``remeasured``), else its own window; ``window_samples_per_sec`` is always the trial's own
-    window (Optuna's value). ``batch`` is the tuned value of ``batch_param`` (``batch_size``, or
-    a token budget such as ``max_tokens`` that the workload's batch sampler takes).
+    ``samples_per_sec`` is the median of the hold-out rounds after the pick where the study took
+    them (``holdout_rounds``: rounds that did not choose it, so no winner's curse), else the
+    re-measured median where the study re-measured the trial (``remeasured``), else its own
+    window; ``window_samples_per_sec`` is always the trial's own window (Optuna's value).
+    ``batch`` is the tuned value of ``batch_param`` (``batch_size``, or a token budget such as
+    ``max_tokens`` that the workload's batch sampler takes).
     """
 
     study_name: str
@@ -70,7 +75,15 @@ class BestSetting:
     finished_trials: int
     objective: str | None = None
     workload_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    holdout_rounds: tuple[float, ...] = ()
     trial: FrozenTrial | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def figure(self) -> Figure:
+        """``samples_per_sec`` and where it comes from, with the hold-out's spread."""
+        if self.holdout_rounds:
+            return Figure(self.samples_per_sec, "hold-out", self.holdout_rounds)
+        return Figure(self.samples_per_sec, "re-measured" if self.remeasured else "window")
 
     @property
     def dataloader_kwargs(self) -> dict[str, Any]:
@@ -100,28 +113,6 @@ class BestSetting:
         """``batch`` times ``accumulation_steps``: what one optimizer step sees."""
         return self.settings.batch * self.settings.accumulation_steps
 
-    def training_arguments(self) -> dict[str, Any]:
-        """The Hugging Face ``TrainingArguments`` fields of the setting.
-
-        ``gradient_accumulation_steps`` is ``accumulation_steps``, so a study run with
-        ``--effective-batch`` keeps the effective batch. The intra-op threads are not among
-        them (TrainingArguments has no such field): :meth:`apply` sets them.
-        """
-        if self.batch_param != "batch_size":
-            raise ValueError(
-                f"study {self.study_name} tuned {self.batch_param}, a batch sampler's budget; "
-                "TrainingArguments take a per_device_train_batch_size"
-            )
-        workers = self.settings.num_workers
-        return {
-            "per_device_train_batch_size": self.batch,
-            "gradient_accumulation_steps": self.accumulation_steps,
-            "dataloader_num_workers": workers,
-            "dataloader_prefetch_factor": self.settings.prefetch_factor if workers else None,
-            "dataloader_pin_memory": self.settings.pin_memory,
-            "dataloader_persistent_workers": self.settings.persistent_workers if workers else False,
-        }
-
     def apply(self, log: logging.Logger | None = None) -> int:
         """Set the main process's intra-op threads as tuned (logged); returns the previous count.
 
@@ -150,14 +141,17 @@ class BestSetting:
         return load_workload(self.objective, self.workload_options).with_knobs(self.knobs)
 
     def summary(self) -> str:
-        how = "re-measured median" if self.remeasured else "its own window"
+        """``<study>: trial N, <figure> (<how>), best of M finished trials``."""
+        figure = self.figure
+        text = figure.text() if figure.source == "hold-out" else f"{figure.text()} ({figure.how})"
         return (
-            f"{self.study_name}: trial {self.trial_number}, {self.samples_per_sec:,.1f} "
-            f"samples/s ({how}), best of {self.finished_trials} finished trials"
+            f"{self.study_name}: trial {self.trial_number}, {text}, "
+            f"best of {self.finished_trials} finished trials"
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The documented ``--format json`` shape: the whole setting, then the figures."""
+        """The documented ``--format json`` shape: the whole setting, then the figures; the
+        hold-out's rounds and their min-max last (empty and null without a hold-out)."""
         return {
             "dataloader": self.dataloader_kwargs,
             "torch_num_threads": self.torch_num_threads,
@@ -173,6 +167,12 @@ class BestSetting:
             "remeasured": self.remeasured,
             "window_samples_per_sec": self.window_samples_per_sec,
             "finished_trials": self.finished_trials,
+            "holdout_rounds": list(self.holdout_rounds),
+            "holdout_range": (
+                [min(self.holdout_rounds), max(self.holdout_rounds)]
+                if self.holdout_rounds
+                else None
+            ),
         }
 
     def snippet(self) -> str:
@@ -182,12 +182,40 @@ class BestSetting:
         )
 
 
+def trial_throughput(trial: FrozenTrial, medians: Mapping[int, float]) -> float:
+    """The re-measured median when there is one, else the trial's own window."""
+    return float(medians.get(trial.number, trial.value or 0.0))
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    """The re-measured winner when the study has one, else Optuna's best trial.
+
+    A trial finished after the last re-measurement wins only if its own window beats the
+    re-measured winner by more than the noise of one window (5%).
+    """
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        return None
+    medians = remeasured(study)
+    by_number = {trial.number: trial for trial in complete}
+    number = stored_best_number(study)
+    newest = max(complete, key=lambda t: t.value or 0.0)
+    if number not in by_number:
+        return newest
+    chosen = by_number[number]
+    if newest.number not in medians and (newest.value or 0.0) > 1.05 * trial_throughput(
+        chosen, medians
+    ):
+        return newest
+    return chosen
+
+
 def study_best(study: optuna.Study) -> BestSetting | None:
     """The study's best as every reader names it; None without a completed trial."""
     best = best_trial(study)
     if best is None:
         return None
-    medians = remeasured(study)
+    figure = trial_figure(study, best)
     finished = sum(
         t.state in (TrialState.COMPLETE, TrialState.PRUNED)
         for t in study.get_trials(deepcopy=False)
@@ -198,12 +226,13 @@ def study_best(study: optuna.Study) -> BestSetting | None:
         trial_number=best.number,
         settings=trial_settings(best),
         batch_param=study_batch_param(study),
-        samples_per_sec=trial_throughput(best, medians),
-        remeasured=best.number in medians,
+        samples_per_sec=figure.samples_per_sec,
+        remeasured=figure.source != "window",
         window_samples_per_sec=float(best.value or 0.0),
         finished_trials=finished,
         objective=attrs.get("objective"),
         workload_options=dict(attrs.get("workload_options") or {}),
+        holdout_rounds=figure.rounds,
         trial=best,
     )
 

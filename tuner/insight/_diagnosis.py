@@ -32,8 +32,7 @@ from typing import Any
 from optuna.trial import FrozenTrial
 
 from tuner._naming import SETTINGS_ATTR, is_memory_reason
-from tuner.trial._guard import GuardLimits
-from tuner.trial._telemetry import TelemetrySummary
+from tuner.trial import GuardLimits, TelemetrySummary
 
 __all__ = [
     "BOTTLENECKS",

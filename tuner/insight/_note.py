@@ -93,7 +93,8 @@ def _best_section(study: optuna.Study, chosen: BestSetting) -> list[str]:
     lines: list[str] = []
     best = chosen.trial
     assert best is not None
-    how = "re-measured median" if chosen.remeasured else "one window"
+    how = chosen.figure.how if chosen.holdout_rounds else None
+    how = how or ("re-measured median" if chosen.remeasured else "one window")
     ceiling = study.user_attrs.get(CEILING_ATTR)
     share = efficiency(chosen.samples_per_sec, ceiling)
     lines += [f"## Best: trial {chosen.trial_number}", ""]

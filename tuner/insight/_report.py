@@ -22,15 +22,15 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial, TrialState
 from plotly.subplots import make_subplots
 
+from storage import read_trial_text
 from tuner._attrs import has_settings, remeasured, study_batch_param, trial_settings
 from tuner._naming import BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB, CEILING_ATTR
 from tuner.insight._best import BestSetting, study_best
 from tuner.insight._diagnosis import diagnose_trial
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._summary import efficiency, study_diagnosis, trial_throughput
-from tuner.search._settings import LoaderSettings
-from tuner.trial._artifacts import read_trial_text
-from tuner.trial._telemetry import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
+from tuner.search import LoaderSettings
+from tuner.trial import STEPS_CSV, TIMELINE_ATTR, read_timeline_csv
 
 __all__ = ["build_report", "trial_timeline"]
 
@@ -329,7 +329,7 @@ def _headline(study: optuna.Study, chosen: BestSetting, ceiling: float | None) -
     trials = study.get_trials(deepcopy=False)
     counts = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
     summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
-    headline = f"best: trial {chosen.trial_number}, {chosen.samples_per_sec:,.1f} samples/s"
+    headline = f"best: trial {chosen.trial_number}, {chosen.figure.text()}"
     if ceiling:
         headline += (
             f", {efficiency(chosen.samples_per_sec, ceiling):.0%} of the ceiling "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 __all__ = ["dataloader_snippet", "extra_settings"]
 

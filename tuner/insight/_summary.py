@@ -9,25 +9,25 @@ from typing import Any, TextIO
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner._attrs import has_settings, remeasured, stored_best_number, trial_settings
+from tuner._attrs import has_settings, phase_seconds, remeasured, trial_settings
 from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
     BASELINE_RULE_OF_THUMB,
     CEILING_ATTR,
     NPROC_ATTR,
 )
+from tuner.insight._best import best_trial, trial_throughput
 from tuner.insight._diagnosis import Diagnosis, diagnose_trial, more_workers_were_slower
+from tuner.insight._figure import trial_figure
 from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
 from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._table import format_table
 
 __all__ = [
-    "best_trial",
     "efficiency",
     "print_summary",
     "speedups",
     "study_diagnosis",
-    "trial_throughput",
 ]
 
 
@@ -38,43 +38,18 @@ def efficiency(samples_per_sec: float | None, ceiling: float | None) -> float | 
     return float(samples_per_sec) / float(ceiling)
 
 
-def trial_throughput(trial: FrozenTrial, medians: Mapping[int, float]) -> float:
-    """The re-measured median when there is one, else the trial's own window."""
-    return float(medians.get(trial.number, trial.value or 0.0))
-
-
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The re-measured winner when the study has one, else Optuna's best trial.
-
-    A trial finished after the last re-measurement wins only if its own window beats the
-    re-measured winner by more than the noise of one window (5%).
-    """
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not complete:
-        return None
-    medians = remeasured(study)
-    by_number = {trial.number: trial for trial in complete}
-    number = stored_best_number(study)
-    newest = max(complete, key=lambda t: t.value or 0.0)
-    if number not in by_number:
-        return newest
-    chosen = by_number[number]
-    if newest.number not in medians and (newest.value or 0.0) > 1.05 * trial_throughput(
-        chosen, medians
-    ):
-        return newest
-    return chosen
-
-
 def speedups(study: optuna.Study, best: FrozenTrial) -> dict[str, float]:
-    """The best's throughput over each baseline's (re-measured where both were)."""
-    medians = remeasured(study)
+    """The best's figure over each baseline's (:func:`~tuner.insight._figure.trial_figure`:
+    the hold-out's medians, side by side, where the study took one)."""
     result = {}
+    mine = trial_figure(study, best).samples_per_sec
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         name = trial.user_attrs.get("baseline")
-        baseline = trial_throughput(trial, medians)
-        if name in (BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB) and baseline > 0:
-            result[name] = trial_throughput(best, medians) / baseline
+        if name not in (BASELINE_PYTORCH_DEFAULT, BASELINE_RULE_OF_THUMB):
+            continue
+        baseline = trial_figure(study, trial).samples_per_sec
+        if baseline > 0:
+            result[name] = mine / baseline
     return result
 
 
@@ -196,8 +171,11 @@ def print_summary(
     if diagnosis is not None:
         print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)
     _print_table(trials, medians, batch_param, top, verbose, out)
+    phases = phase_seconds(study)
+    if phases:
+        print("\ntime: " + ", ".join(f"{n} {s:,.0f} s" for n, s in phases.items()), file=out)
     if verbose:
-        throughput = trial_throughput(best, medians)
+        throughput = trial_figure(study, best).samples_per_sec
         ceiling = study.user_attrs.get(CEILING_ATTR)
         print(f"\ntrial {best.number}:", file=out)
         if ceiling:
@@ -213,10 +191,7 @@ def _print_best(
     """The best trial, its figure and its speedups over the baselines."""
     ranks = int(study.user_attrs.get(NPROC_ATTR, 1))
     node = f" for the node ({ranks} ranks, each its own DataLoader as below)" if ranks > 1 else ""
-    print(
-        f"\nbest: trial {best.number}, {trial_throughput(best, medians):,.1f} samples/s{node}",
-        file=out,
-    )
+    print(f"\nbest: trial {best.number}, {trial_figure(study, best).text()}{node}", file=out)
     rival = _higher_median(best, medians)
     if rival is not None:
         print(

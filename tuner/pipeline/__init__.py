@@ -11,6 +11,7 @@ search: it imports only ``tuner.search``.
 from __future__ import annotations
 
 from tuner.pipeline._model import (
+    HARD_MAX_WORKERS,
     PipelineModel,
     Prediction,
     candidate_setting,
@@ -24,8 +25,11 @@ from tuner.pipeline._model import (
     workers_needed,
 )
 from tuner.pipeline._profile import (
+    KNOB_COST_FIELDS,
     PROFILE_ATTR,
+    STEP_TIME_RATIO,
     PipelineProfile,
+    knob_key,
     store_profile,
     stored_profile,
 )
@@ -38,13 +42,17 @@ from tuner.pipeline._refine import (
 )
 
 __all__ = [
+    "HARD_MAX_WORKERS",
+    "KNOB_COST_FIELDS",
     "PROFILE_ATTR",
+    "STEP_TIME_RATIO",
     "PipelineModel",
     "PipelineProfile",
     "Prediction",
     "Proposal",
     "candidate_setting",
     "cores_demanded",
+    "knob_key",
     "memory_max_workers",
     "model_attrs",
     "model_seeds",

@@ -37,8 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tuner.pipeline._profile import PipelineProfile, RateTable
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import MAX_WORKERS, SearchSpace
+from tuner.search import MAX_WORKERS, LoaderSettings, SearchSpace
 
 __all__ = [
     "HARD_MAX_WORKERS",
@@ -250,12 +249,17 @@ def _rate(profile: PipelineProfile, settings: LoaderSettings, ideal: bool) -> fl
 
 def _pick(rated: Iterable[tuple[float, LoaderSettings]]) -> tuple[float, LoaderSettings | None]:
     """The fastest of ``rated``, in their order; ties (within 1%) go to the cheaper setting:
-    fewer workers, then less prefetch."""
+    fewer workers, then less prefetch, then fewer intra-op threads (a thread that gains nothing,
+    as with a step off the CPU, would only take a core from the workers when it does run)."""
+
+    def cost(settings: LoaderSettings) -> tuple[tuple[int, ...], int]:
+        return settings.memory_footprint(), settings.torch_num_threads
+
     best_rate, best = -1.0, None
     for rate, candidate in rated:
         if best is None or rate > 1.01 * best_rate:
             best_rate, best = rate, candidate
-        elif rate >= best_rate / 1.01 and candidate.memory_footprint() < best.memory_footprint():
+        elif rate >= best_rate / 1.01 and cost(candidate) < cost(best):
             best_rate, best = max(rate, best_rate), candidate
     return best_rate, best
 

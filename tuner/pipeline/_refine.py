@@ -38,8 +38,7 @@ from tuner.pipeline._model import (
     worker_ladder,
 )
 from tuner.pipeline._profile import PipelineProfile
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
+from tuner.search import LoaderSettings, SearchSpace
 
 __all__ = [
     "IMPROVE_FRACTION",

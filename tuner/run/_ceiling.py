@@ -25,15 +25,13 @@ from tuner._naming import (
     STEP_RATES_ATTR,
     is_memory_reason,
 )
-from tuner.insight._summary import best_trial, efficiency, trial_throughput
+from tuner.insight import best_trial, efficiency, trial_throughput
 from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
 from tuner.run._probe import MAX_BATCH_ATTR, probe_candidates, probes_batch, study_max_batch
 from tuner.run._tools import make_job
-from tuner.search._space import SearchSpace
-from tuner.trial._outcome import TrialOutcome
-from tuner.trial._protocol import Mode
-from tuner.trial._supervisor import Supervisor
+from tuner.search import SearchSpace
+from tuner.trial import Mode, Supervisor, TrialOutcome
 
 __all__ = [
     "CEILING_STOP_FRACTION",

@@ -21,7 +21,7 @@ from storage import open_storage
 from tuner import machine
 from tuner._naming import study_name
 from tuner.run._samplers import SAMPLERS
-from tuner.search._space import SearchSpace, SpaceError
+from tuner.search import SearchSpace, SpaceError
 from tuner.trial import GuardLimits, default_limits, shard_error
 
 __all__ = [

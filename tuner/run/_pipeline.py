@@ -19,9 +19,9 @@ from optuna.trial import TrialState
 from storage import storage_lock
 from tuner._attrs import has_settings, remeasured, trial_settings
 from tuner._naming import STEP_CPU_ATTR, STEP_PEAK_ATTR, STEP_RATES_ATTR, is_memory_reason
-from tuner.insight._diagnosis import diagnose_trial
-from tuner.insight._summary import best_trial, trial_throughput
+from tuner.insight import best_trial, diagnose_trial, trial_throughput
 from tuner.pipeline import (
+    HARD_MAX_WORKERS,
     PipelineModel,
     PipelineProfile,
     Proposal,
@@ -34,15 +34,11 @@ from tuner.pipeline import (
     worker_range,
     worker_steps,
 )
-from tuner.pipeline._model import HARD_MAX_WORKERS
 from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
 from tuner.run._tools import make_job
-from tuner.search._baselines import enqueue_settings
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
-from tuner.trial._protocol import Mode
-from tuner.trial._supervisor import Supervisor
+from tuner.search import LoaderSettings, SearchSpace, enqueue_settings
+from tuner.trial import Mode, Supervisor
 
 __all__ = [
     "BOUND_STOP_FRACTION",

@@ -17,12 +17,11 @@ from typing import Any
 
 import optuna
 
-from tuner._naming import STEP_RATES_ATTR, is_memory_reason
+from tuner._naming import STEP_PEAK_ATTR, STEP_RATES_ATTR, is_memory_reason
 from tuner.run._config import ConfigError, PreparedStudy, trial_deadline
 from tuner.run._once import once_per_study
 from tuner.run._tools import make_job
-from tuner.trial._protocol import Fits, Job, Mode
-from tuner.trial._supervisor import Supervisor
+from tuner.trial import Fits, Job, Mode, Supervisor
 
 __all__ = [
     "MAX_BATCH_ATTR",
@@ -34,6 +33,8 @@ __all__ = [
 ]
 
 MAX_BATCH_ATTR = "max_batch_size"
+PEAK_OVER_LIMIT = "memory_guard: host (a peak between the guard's readings)"
+"""The reason a size failed whose run the guard let through but whose peak reached the limit."""
 
 _log = logging.getLogger("tuner.probe")
 _progress = logging.getLogger("tuner.run")
@@ -51,12 +52,16 @@ def probe_max_batch(
 ) -> tuple[int | None, str | None]:
     """Return (largest fitting batch, the reason the next size failed or None if all fit).
 
-    ``job`` gives the setting every batch value is tried with.
+    ``job`` gives the setting every batch value is tried with. A batch the guard let through
+    whose peak (the kernel's high-water mark) reached the host limit does not fit: it crossed
+    the limit between two of the guard's readings, and a trial would cross it again.
     """
     fitted: list[int] = []
+    limit = supervisor.guard.limits.host_bytes
 
     def on_message(message: Fits) -> None:
-        fitted.append(message.batch)
+        if message.peak_bytes is None or message.peak_bytes < limit:
+            fitted.append(message.batch)
 
     def run(batches: list[int]) -> str | None:
         outcome = supervisor.run(
@@ -71,6 +76,8 @@ def probe_max_batch(
         raise ProbeFailed(outcome.error or outcome.reason or "the batch-size probe failed")
 
     reason = run(candidates)
+    if reason is None and fitted[-1:] != candidates[-1:]:
+        reason = PEAK_OVER_LIMIT
     if reason is None:
         return (fitted[-1] if fitted else None), None
     if not fitted:
@@ -112,6 +119,14 @@ def climbed_edge(prepared: PreparedStudy, attrs: dict[str, Any]) -> int | None:
     if not rates:
         return None
     stepped = {int(batch) for row in rates.values() for batch in row}
+    # A size whose peak reached the limit crossed it between the guard's readings: not a fit.
+    over = [
+        int(batch)
+        for batch, peak in attrs.get(STEP_PEAK_ATTR, {}).items()
+        if peak is not None and peak >= prepared.limits.host_bytes
+    ]
+    if over:
+        stepped = {batch for batch in stepped if batch < min(over)}
     fitting = [batch for batch in probe_candidates(prepared) if batch in stepped]
     return max(fitting) if fitting else None
 

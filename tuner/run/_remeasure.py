@@ -1,18 +1,23 @@
-"""Re-measuring candidates side by side, so one lucky window does not win: interleaved rounds
-(A B C A B C ...) of the same measurement, medians recorded.
+"""Re-measuring candidates side by side, so one lucky window does not win, then a hold-out that
+gives the pick its figure: interleaved rounds (A B C A B C ...) of the same measurement.
 
-Only fresh rounds count: a candidate's own trial window is where it was picked for being fast,
-so it is biased upwards, where a baseline's is not. The runner keeps the rounds this run has
-taken, so a candidate an early-stop check already re-measured is only filled up to ``rounds`` at
-the study's end. A baseline is there for the speedups, not to be picked: after its
-first round it goes on only while that round keeps it within :data:`RACE_MARGIN` of the
-leader. The best is the candidate with the highest median. Candidates the fresh rounds
-leave within :data:`RACE_MARGIN` of the leader race on: up to half as many rounds again
-(:func:`race_rounds`), each dropping those that fall behind, and the pick is made among those
-still in it (so every compared candidate has as many rounds). Finished trials are immutable in
-Optuna, so the figures live in the study's user attrs (``remeasured_samples_per_sec``: trial
-number -> median) with ``best_trial_number``; the merge runs under the study lock so concurrent
-workers of a fleet do not overwrite each other's.
+Selection: only fresh rounds count (a candidate's own trial window is where it was picked for
+being fast, so it is biased upwards). Every contender (:func:`contenders`: the top candidates,
+and a baseline only where its own window is within :data:`RACE_MARGIN` of theirs) takes one
+fresh round; after each round a contender more than :data:`RACE_MARGIN` behind the leader
+stops, and the rounds stop once one is left (:func:`fill_rounds`). Those still close race on
+(:func:`race`, up to :func:`race_rounds` more rounds) and the pick is made among them. The
+runner keeps the rounds this run has taken, so a candidate an early-stop check already measured
+is only filled up.
+
+Hold-out (:func:`hold_out`): the pick's median over the rounds that chose it is the highest of
+several noisy medians, so it runs above what a training loop gets (the winner's curse). After
+the pick, ``rounds`` fresh interleaved rounds of the pick and each baseline give the pick's
+figure and the speedups; a baseline stops after a round that leaves it more than
+:data:`RACE_MARGIN` from the leader (its speedup is then not in doubt). Finished trials are
+immutable in Optuna, so the figures live in the study's user attrs (``tuner._attrs``: the
+selection medians, the hold-out's rounds and ``best_trial_number``); the merge runs under the
+study lock so concurrent workers of a fleet do not overwrite each other's.
 """
 
 from __future__ import annotations
@@ -31,12 +36,15 @@ from tuner.run._runner import TrialRunner
 
 __all__ = [
     "RACE_MARGIN",
+    "contenders",
     "fill_rounds",
     "final_candidates",
+    "hold_out",
     "pick_best",
     "race",
     "race_rounds",
     "remeasure",
+    "select",
 ]
 
 RACE_MARGIN = 0.15
@@ -105,19 +113,33 @@ def fill_rounds(
     runs: dict[int, list[float]],
     measure: Callable[[int], float | None],
     rounds: int,
-    followers: Collection[int] = (),
+    keep: Collection[int] = (),
 ) -> None:
-    """Measure each candidate of ``runs`` (candidate -> the rounds it has) up to ``rounds``
-    fresh rounds, interleaved; ``measure`` reads one (None: failed, tried again next round).
-    A follower (a baseline) stops after a round that leaves it out of :func:`_in_the_race`."""
+    """Measure the candidates of ``runs`` (candidate -> the rounds it has) up to ``rounds``
+    fresh rounds each, interleaved; ``measure`` reads one (None: failed, tried again next round).
+
+    After the first round, a candidate not in ``keep`` stops once a round leaves it out of
+    :func:`_in_the_race`; without ``keep``, the rounds stop when no more than one candidate is
+    left in it (the decision is made). A candidate without a round yet counts as in the race.
+
+    Args:
+        runs: each candidate's rounds so far (an early-stop check's are filled up, not repeated);
+            extended in place.
+        measure: one more round of a candidate.
+        rounds: the fresh rounds each candidate still in the race ends with.
+        keep: candidates measured every round regardless (the hold-out's pick).
+    """
     for index in range(rounds):
-        for number in runs:
+        going = list(runs)
+        measured = {number: values for number, values in runs.items() if values}
+        if index > 0 and measured:
+            close = set(_in_the_race(measured)) | {n for n in runs if not runs[n]}
+            going = [n for n in runs if n in close or n in keep]
+            if not keep and len(going) < 2:
+                return
+        for number in going:
             if len(runs[number]) > index:
                 continue
-            if index > 0 and number in followers and runs[number]:
-                measured = {n: values for n, values in runs.items() if values}
-                if number not in _in_the_race(measured):
-                    continue
             value = measure(number)
             if value is not None:
                 runs[number].append(value)
@@ -143,6 +165,54 @@ def race(
     return pick_best({number: runs[number] for number in racing})
 
 
+def contenders(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials the selection measures: every candidate, and a baseline only where its own
+    window is within :data:`RACE_MARGIN` of the best candidate's (it could be the pick); the
+    other baselines are measured in the hold-out only. Without candidates, every baseline."""
+    candidates = [trial for trial in trials if "baseline" not in trial.user_attrs]
+    if not candidates:
+        return list(trials)
+    floor = (1 - RACE_MARGIN) * max(trial.value or 0.0 for trial in candidates)
+    return [
+        trial
+        for trial in trials
+        if "baseline" not in trial.user_attrs or (trial.value or 0) >= floor
+    ]
+
+
+def select(
+    runs: dict[int, list[float]], measure: Callable[[int], float | None], rounds: int
+) -> int | None:
+    """The pick among ``runs``' candidates (each with the rounds it has): fresh rounds while the
+    decision is open (:func:`fill_rounds`), then the race (:func:`race`); a lone candidate is
+    the pick without a round. None when every round failed."""
+    if len(runs) == 1:
+        return next(iter(runs))
+    fill_rounds(runs, measure, rounds)
+    measured = {number: values for number, values in runs.items() if values}
+    if not measured:
+        return None
+    return race(measured, measure, race_rounds(rounds))
+
+
+def hold_out(
+    pick: int,
+    baselines: Collection[int],
+    measure: Callable[[int], float | None],
+    rounds: int,
+) -> dict[int, list[float]]:
+    """``rounds`` fresh interleaved rounds of ``pick`` and each baseline (pick first); a
+    baseline stops after a round that leaves it out of the race (see :func:`fill_rounds`).
+
+    Returns:
+        Each measured trial's hold-out rounds (a trial whose every round failed is left out).
+    """
+    runs: dict[int, list[float]] = {pick: []}
+    runs.update({number: [] for number in baselines if number != pick})
+    fill_rounds(runs, measure, rounds, keep={pick})
+    return {number: values for number, values in runs.items() if values}
+
+
 def remeasure(
     study: optuna.Study,
     runner: TrialRunner,
@@ -152,38 +222,56 @@ def remeasure(
     out: TextIO,
     progress: bool = True,
 ) -> dict[int, float]:
-    """Re-measure ``trials`` (complete ones) up to ``rounds`` each, race the close ones, and
-    record; returns trial number -> median."""
+    """Pick among ``trials`` (complete ones) by fresh rounds, take the hold-out of the pick and
+    the baselines, and record both (see the module docstring).
+
+    Returns:
+        Trial number -> median: over the selection's rounds, or the hold-out's for a trial the
+        selection did not measure (a baseline, a lone candidate). Empty when ``rounds`` is 0.
+    """
     if rounds <= 0 or not trials:
         return {}
-    runs = {trial.number: runner.rounds.setdefault(trial.number, []) for trial in trials}
-    by_number = {trial.number: trial for trial in trials}
-    baselines = {trial.number for trial in trials if "baseline" in trial.user_attrs}
-    owed = sum(max(0, rounds - len(values)) for values in runs.values())
+    chosen = contenders(trials)
+    runs = {trial.number: runner.rounds.setdefault(trial.number, []) for trial in chosen}
+    baselines = [trial.number for trial in trials if "baseline" in trial.user_attrs]
+    owed = (len(chosen) if len(chosen) > 1 else 0) + rounds + len(baselines)
     with tqdm(total=owed, desc="re-measuring", file=out, disable=not progress, leave=False) as bar:
-
-        def measure(number: int) -> float | None:
-            trial = by_number[number]
-            peak = trial.user_attrs.get("peak_host_memory_bytes")
-            outcome = runner.measure(trial_settings(trial), expected_peak_bytes=peak)
-            if bar.total is not None and bar.n >= bar.total:  # a race's round
-                bar.total += 1
-            bar.update()
-            if outcome.state != "complete":
-                return None
-            return float(outcome.attrs["samples_per_sec"])
-
-        fill_rounds(runs, measure, rounds, baselines)
-        measured = {number: values for number, values in runs.items() if values}
-        if not measured:
+        measure = _measurer(runner, trials, bar)
+        pick = select(runs, measure, rounds)
+        if pick is None:
             return {}
-        best_number = race(measured, measure, race_rounds(rounds))
-
-    medians = {number: statistics.median(values) for number, values in measured.items()}
+        held = hold_out(pick, baselines, measure, rounds)
+    medians = {number: statistics.median(values) for number, values in runs.items() if values}
+    for number, values in held.items():
+        medians.setdefault(number, statistics.median(values))
+    if not medians:  # every round failed: nothing to record
+        return {}
+    # Fresh rounds a later selection of this run may count (an early-stop check's pick).
+    runner.rounds.setdefault(pick, []).extend(held.get(pick, []))
 
     def record() -> None:
         with storage_lock(storage_url, study.study_name):
-            record_remeasured(study, medians, best_number)
+            record_remeasured(study, medians, pick, held)
 
     with_retry(record, "recording re-measurements")
     return medians
+
+
+def _measurer(
+    runner: TrialRunner, trials: Sequence[FrozenTrial], bar: tqdm
+) -> Callable[[int], float | None]:
+    """One fresh round of a trial's setting (None: it did not complete), counted on ``bar``."""
+    by_number = {trial.number: trial for trial in trials}
+
+    def measure(number: int) -> float | None:
+        trial = by_number[number]
+        peak = trial.user_attrs.get("peak_host_memory_bytes")
+        outcome = runner.measure(trial_settings(trial), expected_peak_bytes=peak)
+        if bar.total is not None and bar.n >= bar.total:  # a round more than foreseen
+            bar.total += 1
+        bar.update()
+        if outcome.state != "complete":
+            return None
+        return float(outcome.attrs["samples_per_sec"])
+
+    return measure

@@ -15,12 +15,11 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import TrialState
 
-from storage import is_connection_error, with_retry
+from storage import is_connection_error, upload_trial_csv, with_retry
 from tuner._attrs import has_settings, settings_attrs, stored_settings, trial_settings
 from tuner._naming import SETTINGS_ATTR, is_memory_prune
-from tuner.insight._diagnosis import diagnose
-from tuner.insight._summary import efficiency
-from tuner.machine._gpu import GpuReader
+from tuner.insight import diagnose, efficiency
+from tuner.machine import GpuReader
 from tuner.pipeline import PipelineModel, model_attrs
 from tuner.run._walls import (
     MODEL_RETEST_ATTR,
@@ -30,13 +29,8 @@ from tuner.run._walls import (
     prior_memory_figures,
     wall_verdict,
 )
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
-from tuner.trial._artifacts import upload_trial_csv
-from tuner.trial._outcome import TrialOutcome
-from tuner.trial._protocol import Job
-from tuner.trial._supervisor import Supervisor
-from tuner.trial._telemetry import TelemetrySampler, collect_trial_telemetry
+from tuner.search import LoaderSettings, SearchSpace
+from tuner.trial import Job, Supervisor, TelemetrySampler, TrialOutcome, collect_trial_telemetry
 
 __all__ = ["SearchSpaceChanged", "TrialRunner", "measured_twin"]
 

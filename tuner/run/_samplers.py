@@ -14,7 +14,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import TrialState
 
 from tuner._naming import is_skipped_for_memory
-from tuner.search._pruner import BelowBestPruner
+from tuner.search import BelowBestPruner
 
 __all__ = [
     "MODEL_STRATEGY",

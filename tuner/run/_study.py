@@ -13,6 +13,7 @@ anything is written.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import sys
 import time
@@ -25,12 +26,10 @@ from tqdm import tqdm
 
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
-from tuner._attrs import BATCH_PARAM_ATTR, remeasured
+from tuner._attrs import BATCH_PARAM_ATTR, record_phases, remeasured
 from tuner._naming import BOUND_ATTR, METRIC_NAME, NPROC_ATTR, objective_label
-from tuner.fleet._heartbeat import StaleTrials, heartbeat
-from tuner.fleet._warm_start import enqueue_warm_start
-from tuner.insight import best_trial
-from tuner.insight._note import save_study_note
+from tuner.fleet import StaleTrials, enqueue_warm_start, heartbeat
+from tuner.insight import best_trial, save_study_note
 from tuner.pipeline import PipelineModel
 from tuner.run import _pipeline
 from tuner.run._ceiling import ceiling_stop_message, near_ceiling, study_space_and_ceiling
@@ -46,9 +45,8 @@ from tuner.run._samplers import (
     resumed_seed,
 )
 from tuner.run._tools import make_runner, trial_tools
-from tuner.search._baselines import enqueue_baselines
-from tuner.search._space import SearchSpace
-from tuner.trial._supervisor import Supervisor
+from tuner.search import SearchSpace, enqueue_baselines
+from tuner.trial import Supervisor
 
 __all__ = ["StudyResult", "no_result_message", "run_study"]
 
@@ -104,6 +102,7 @@ def no_result_message(study: optuna.Study) -> str:
 
 
 def _run(config: StudyConfig) -> StudyResult:
+    started = time.monotonic()
     prepared = prepare(config)
     study, created = _create_or_resume(prepared)
     _log.info(
@@ -124,7 +123,9 @@ def _run(config: StudyConfig) -> StudyResult:
         runner = make_runner(prepared, tools, space, ceiling, model)
         _enqueue_first_trials(prepared, study, space, model)
         study = _with_sampler(prepared, study)
+        marks = [started, time.monotonic()]
         trials_run = _run_trials(prepared, study, runner)
+        marks.append(time.monotonic())
         medians = remeasure(
             study,
             runner,
@@ -134,7 +135,14 @@ def _run(config: StudyConfig) -> StudyResult:
             sys.stderr,
             config.progress,
         )
+        marks.append(time.monotonic())
+    phases = {
+        "set-up": marks[1] - marks[0],
+        "trials": marks[2] - marks[1],  # with the early-stop checks' re-measurements
+        "re-measuring": marks[3] - marks[2],
+    }
     with storage_lock(config.storage, prepared.study_name):
+        with_retry(lambda: record_phases(study, phases), "recording the phases' time")
         with_retry(lambda: save_study_note(study), "writing the study note")
     best = best_trial(study)
     return StudyResult(study, trials_run, best, medians, space.batch_param)
@@ -289,7 +297,10 @@ def _run_trials(prepared: PreparedStudy, study: optuna.Study, runner: TrialRunne
             assert isinstance(asked, optuna.Trial)
             state, reason = _run_one(prepared, study, runner, asked)
             trials_run += 1
-            bar.set_postfix_str(_postfix(study, asked.number, state, reason), refresh=False)
+            postfix = with_retry(
+                functools.partial(_postfix, study, asked.number, state, reason), "reading the best"
+            )
+            bar.set_postfix_str(postfix, refresh=False)
             bar.update()
             runner = _grown(prepared, study, runner)
             stop = _stop_near_ceiling(study, runner, config) or _stop_near_bound(

@@ -15,17 +15,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tuner.machine import auto_profile_name
-from tuner.machine._gpu import GpuReader, open_gpu_reader
+from storage import open_artifact_store
+from tuner.machine import GpuReader, auto_profile_name, open_gpu_reader
 from tuner.pipeline import PipelineModel
 from tuner.run._config import PreparedStudy, trial_deadline
 from tuner.run._runner import TrialRunner
-from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace
-from tuner.trial._artifacts import open_artifact_store
-from tuner.trial._guard import MemoryGuard
-from tuner.trial._protocol import Job, Mode
-from tuner.trial._supervisor import Supervisor
+from tuner.search import LoaderSettings, SearchSpace
+from tuner.trial import Job, MemoryGuard, Mode, Supervisor
 
 __all__ = ["TrialTools", "make_job", "make_runner", "trial_tools"]
 

@@ -32,14 +32,14 @@ from optuna.trial import TrialState
 from tuner._attrs import has_settings, stored_settings, trial_settings
 from tuner._naming import is_memory_reason
 from tuner.pipeline import PipelineProfile, nearest_ratio
-from tuner.search._memory_model import (
+from tuner.search import (
     OVER_LIMIT_FRACTION,
+    LoaderSettings,
     MemoryFigures,
     fit_memory_figures,
     predicted_peak_bytes,
     prior_figures,
 )
-from tuner.search._settings import LoaderSettings
 
 __all__ = [
     "MODEL_RETEST_ATTR",

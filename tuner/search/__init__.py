@@ -9,13 +9,26 @@ trial or touches the machine.
 
 from __future__ import annotations
 
-from tuner.search._baselines import baseline_settings, enqueue_baselines, rule_of_thumb_workers
-from tuner.search._memory_model import MemoryFigures, fit_memory_figures, predicted_peak_bytes
+from tuner.search._baselines import (
+    baseline_settings,
+    enqueue_baselines,
+    enqueue_settings,
+    rule_of_thumb_workers,
+)
+from tuner.search._memory_model import (
+    OVER_LIMIT_FRACTION,
+    MemoryFigures,
+    fit_memory_figures,
+    predicted_peak_bytes,
+    prior_figures,
+)
 from tuner.search._pruner import BelowBestPruner
 from tuner.search._settings import LoaderSettings
-from tuner.search._space import SearchSpace, SpaceError, optuna_params
+from tuner.search._space import MAX_WORKERS, SearchSpace, SpaceError, optuna_params
 
 __all__ = [
+    "MAX_WORKERS",
+    "OVER_LIMIT_FRACTION",
     "BelowBestPruner",
     "LoaderSettings",
     "MemoryFigures",
@@ -23,8 +36,10 @@ __all__ = [
     "SpaceError",
     "baseline_settings",
     "enqueue_baselines",
+    "enqueue_settings",
     "fit_memory_figures",
     "optuna_params",
     "predicted_peak_bytes",
+    "prior_figures",
     "rule_of_thumb_workers",
 ]

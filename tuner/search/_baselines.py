@@ -6,7 +6,9 @@ user's DataLoader, that DataLoader's own worker settings: what they train with t
 pinned memory on CUDA, persistent workers, ``prefetch_factor=2``). Both use the workload's
 default batch size as it is (a user's ``batch_size=48`` stays 48: the space's batch choices hold
 it, :meth:`~tuner.search.SearchSpace.batch_choices`), its sampler (every trial's DataLoader
-draws from it) and its base knobs (the defaults, with the ``--fix`` ones over them).
+draws from it) and its base knobs. A value frozen with ``--fix`` binds the baselines as it
+binds every trial: it replaces the baseline's own, and two baselines it makes the same setting
+are one.
 """
 
 from __future__ import annotations
@@ -31,15 +33,44 @@ def baseline_settings(
 ) -> dict[str, LoaderSettings]:
     """The baselines on this space (one rank's, of ``ranks``): PyTorch's defaults and the rule
     of thumb. Intra-op threads are torch's default: one per usable core of the rank's share,
-    and one under several ranks, where torchrun sets ``OMP_NUM_THREADS=1``."""
+    and one under several ranks, where torchrun sets ``OMP_NUM_THREADS=1``.
+
+    Args:
+        space: the study's space; its ``fixed`` values replace the baselines' own.
+        physical_cores: the machine's physical cores (the rule of thumb's worker count).
+        ranks: the training processes per node that share them.
+
+    Returns:
+        Baseline name -> setting, ``pytorch-default`` first; ``rule-of-thumb`` is left out
+        where the fixed values make it the same setting as ``pytorch-default``.
+    """
     batch = space.clamp_batch(space.workload.default_batch_size)
     knobs = space.base_knobs
     threads = space.max_threads if ranks == 1 else 1
     workers = min(space.max_workers, rule_of_thumb_workers(physical_cores, ranks))
-    return {
-        BASELINE_PYTORCH_DEFAULT: _trained_with_today(space, batch, threads, knobs),
-        BASELINE_RULE_OF_THUMB: space.settings(workers, batch, 2, True, space.cuda, threads, knobs),
-    }
+    default = _fixed_over(space, _trained_with_today(space, batch, threads, knobs))
+    rule = _fixed_over(space, space.settings(workers, batch, 2, True, space.cuda, threads, knobs))
+    if rule == default:
+        return {BASELINE_PYTORCH_DEFAULT: default}
+    return {BASELINE_PYTORCH_DEFAULT: default, BASELINE_RULE_OF_THUMB: rule}
+
+
+def _fixed_over(space: SearchSpace, settings: LoaderSettings) -> LoaderSettings:
+    """``settings`` with the space's ``--fix`` values in place of its own (knobs already are).
+
+    A worker count fixed above zero on a setting without workers takes PyTorch's
+    ``prefetch_factor=2`` and non-persistent workers unless those are fixed too.
+    """
+    fixed = space.fixed
+    return space.settings(
+        fixed.get("num_workers", settings.num_workers),
+        fixed.get(space.batch_param, settings.batch),
+        fixed.get("prefetch_factor", settings.prefetch_factor or 2),
+        fixed.get("persistent_workers", settings.persistent_workers),
+        fixed.get("pin_memory", settings.pin_memory),
+        fixed.get("torch_num_threads", settings.torch_num_threads),
+        settings.knobs,
+    )
 
 
 def _trained_with_today(

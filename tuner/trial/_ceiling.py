@@ -26,8 +26,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from objectives import Workload, move_to_device
-from tuner.machine._process import own_peak_memory_bytes
-from tuner.search._settings import LoaderSettings
+from tuner.machine import own_peak_memory_bytes
+from tuner.search import LoaderSettings
 from tuner.trial._fetch import fetched_batches
 from tuner.trial._heaviest import heaviest_batch
 from tuner.trial._measure import count_samples, synchronize

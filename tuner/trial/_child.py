@@ -28,6 +28,7 @@ import torch
 from objectives import Workload, load_workload
 from tuner._lifeline import kill_group_when_gone
 from tuner._naming import CEILING_ATTR, STEP_CPU_ATTR, STEP_PEAK_ATTR, STEP_RATES_ATTR
+from tuner.machine import own_peak_memory_bytes
 from tuner.trial._ceiling import measure_step_rates
 from tuner.trial._measure import measure, synchronize
 from tuner.trial._outcome import classify_error, one_line
@@ -92,7 +93,7 @@ def _probe(conn: Connection, job: Job) -> None:
         synchronize(device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        conn.send(Fits(batch))
+        conn.send(Fits(batch, own_peak_memory_bytes()))
     conn.send(Result({}))
 
 

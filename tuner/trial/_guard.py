@@ -40,9 +40,18 @@ from collections.abc import Callable
 
 import psutil
 
-from tuner.machine import _cgroup, _gpu, _memory
-from tuner.machine._process import ProcessTree
-from tuner.search._memory_model import OVER_LIMIT_FRACTION
+from tuner.machine import (
+    GpuReader,
+    HostMemoryFiles,
+    NoGpuReader,
+    ProcessTree,
+    cgroup_memory,
+    gpu_memory_used_bytes,
+    parse_size,
+    shm_usage,
+    total_memory_bytes,
+)
+from tuner.search import OVER_LIMIT_FRACTION
 
 __all__ = ["Breach", "GuardLimits", "GuardReading", "MemoryGuard", "default_limits"]
 
@@ -141,7 +150,7 @@ def _fraction_or_size(text: str | None, total: int | None, default_fraction: flo
     if text is None:
         assert total is not None
         return int(total * default_fraction)
-    return _memory.parse_size(text, total)
+    return parse_size(text, total)
 
 
 def default_limits(
@@ -155,11 +164,11 @@ def default_limits(
     Defaults: 90% of the smaller of RAM and the cgroup limit, 90% of /dev/shm, 95% of the GPU.
     Fractions are of the same totals. Raises ValueError (one line) for unparsable sizes.
     """
-    total = _memory.total_memory_bytes()
-    cgroup = _cgroup.cgroup_memory()
+    total = total_memory_bytes()
+    cgroup = cgroup_memory()
     cgroup_limit = cgroup.limit_bytes if cgroup is not None else None
     host_total = min(total, cgroup_limit) if cgroup_limit else total
-    shm = _memory.shm_usage()
+    shm = shm_usage()
     host = _fraction_or_size(memory_limit, host_total, 0.90)
     assert host is not None
     return GuardLimits(
@@ -249,7 +258,7 @@ class MemoryGuard:
     def __init__(
         self,
         limits: GuardLimits,
-        gpu: _gpu.GpuReader | None = None,
+        gpu: GpuReader | None = None,
         gpu_index: int | None = None,
         interval_s: float = 0.2,
         kill_time_s: float = 0.3,
@@ -257,13 +266,13 @@ class MemoryGuard:
     ) -> None:
         self.limits = limits
         self.interval_s = interval_s
-        self._gpu = gpu if gpu is not None else _gpu.NoGpuReader("not asked for")
+        self._gpu = gpu if gpu is not None else NoGpuReader("not asked for")
         self._gpu_indices = None if gpu_index is None else [gpu_index]
         self._kill_time_s = kill_time_s
         self._clock = clock
         self._rss_move_bytes = RSS_MOVE_FRACTION * limits.host_bytes
-        cgroup = _cgroup.cgroup_memory()
-        self._host = _memory.HostMemoryFiles(cgroup.usage_file if cgroup is not None else None)
+        cgroup = cgroup_memory()
+        self._host = HostMemoryFiles(cgroup.usage_file if cgroup is not None else None)
         self._process_tree: ProcessTree | None = None
         self.start(None)
 
@@ -398,9 +407,9 @@ class MemoryGuard:
         tree_bytes, exact, rss = self._tree_bytes(tree, at)
         self._pace(tree_bytes, rss)
         available = self._host.available_bytes()
-        shm = _memory.shm_usage()
+        shm = shm_usage()
         gpu = (
-            _gpu.gpu_memory_used_bytes(self._gpu.read(), self._gpu_indices)
+            gpu_memory_used_bytes(self._gpu.read(), self._gpu_indices)
             if self._gpu.available
             else None
         )

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from objectives import Workload
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 from tuner.trial._fetch import fetched_batches
 
 __all__ = ["heaviest_batch", "heaviest_indices"]

@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader
 
 from objectives import TrainStep, Workload, move_to_device
 from tuner._lifeline import die_with_parent
-from tuner.machine._process import own_peak_memory_bytes
-from tuner.search._settings import LoaderSettings
+from tuner.machine import own_peak_memory_bytes
+from tuner.search import LoaderSettings
 from tuner.trial._heaviest import heaviest_batch
 from tuner.trial._telemetry import StepTimeline
 

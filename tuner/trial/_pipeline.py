@@ -25,9 +25,9 @@ from torch.multiprocessing.reductions import shared_cache
 from torch.utils.data import DataLoader, default_collate
 
 from objectives import Workload, move_to_device
-from tuner.machine._process import process_tree_memory_bytes
-from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
-from tuner.search._settings import LoaderSettings
+from tuner.machine import process_tree_memory_bytes
+from tuner.pipeline import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
+from tuner.search import LoaderSettings
 from tuner.trial._ceiling import step_batch
 from tuner.trial._measure import count_samples, synchronize
 
@@ -79,22 +79,7 @@ def _profile_worker(
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
             queued.append(_runqueue_s() - runqueue)
-        began = time.perf_counter()
-        batch = collate(samples)
-        collates.append((time.perf_counter() - began) / len(indices))
-        began = time.perf_counter()
-        buffer = io.BytesIO()
-        ForkingPickler(buffer).dump(batch)  # what a worker's queue does: tensors into shm
-        dumps.append((time.perf_counter() - began) / len(indices))
-        began = time.perf_counter()
-        ForkingPickler.loads(buffer.getvalue())
-        loads.append((time.perf_counter() - began) / len(indices))
-        del buffer
-        # torch keeps each dumped storage mapped while its cache holds a reference, and sweeps
-        # the cache only past 128 entries: 128 batches held here (measured: this worker's USS
-        # grew a batch's bytes per batch, 165 MiB in 0.8 s on image at batch 32). A real
-        # worker's stays flat; sweep after each batch as its memory is measured below.
-        shared_cache.free_dead_references()
+        batch = _collate_and_pass(collate, samples, collates, dumps, loads)
     memory = psutil.Process().memory_full_info()
     # The first batch pays first-touch costs (imports, caches); leave it out when there are more.
     first = len(batches[0]) if len(collates) > 1 else 0
@@ -115,6 +100,34 @@ def _profile_worker(
     # Plain pickle, not shared memory: this process exits before the batch is read.
     conn.send_bytes(pickle.dumps(batch))
     conn.close()
+
+
+def _collate_and_pass(
+    collate: Any,
+    samples: list[Any],
+    collates: list[float],
+    dumps: list[float],
+    loads: list[float],
+) -> Any:
+    """Collate ``samples`` and pass the batch through a worker queue's pickling; each part's
+    time per sample is appended to ``collates``, ``dumps`` and ``loads``. Returns the batch."""
+    began = time.perf_counter()
+    batch = collate(samples)
+    collates.append((time.perf_counter() - began) / len(samples))
+    began = time.perf_counter()
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(batch)  # what a worker's queue does: tensors into shm
+    dumps.append((time.perf_counter() - began) / len(samples))
+    began = time.perf_counter()
+    ForkingPickler.loads(buffer.getvalue())
+    loads.append((time.perf_counter() - began) / len(samples))
+    del buffer
+    # torch keeps each dumped storage mapped while its cache holds a reference, and sweeps
+    # the cache only past 128 entries: 128 batches held here (measured: this worker's USS
+    # grew a batch's bytes per batch, 165 MiB in 0.8 s on image at batch 32). A real
+    # worker's stays flat; sweep after each batch as its memory is measured afterwards.
+    shared_cache.free_dead_references()
+    return batch
 
 
 def _schedstat_s(path: str, field: int) -> float | None:

@@ -15,7 +15,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from tuner.search._settings import LoaderSettings
+from tuner.search import LoaderSettings
 
 __all__ = ["Failure", "Fits", "Job", "Message", "Mode", "Progress", "Result"]
 
@@ -77,9 +77,13 @@ class Progress:
 
 @dataclasses.dataclass(frozen=True)
 class Fits:
-    """The probe ran this batch value without running out of memory."""
+    """The probe ran this batch value without the guard stopping it."""
 
     batch: int
+    peak_bytes: int | None = None
+    """The child's peak so far (:func:`~tuner.machine._process.own_peak_memory_bytes`, from the
+    kernel's high-water mark): a peak that rose and fell between two of the guard's readings
+    shows here, so the parent can tell that the batch did not fit after all."""
 
 
 @dataclasses.dataclass(frozen=True)

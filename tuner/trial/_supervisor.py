@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 
 from tuner._lifeline import start_forkserver
-from tuner.machine._process import process_tree
+from tuner.machine import process_tree
 from tuner.trial._guard import Breach, MemoryGuard
 from tuner.trial._outcome import TrialOutcome, classify_exit
 from tuner.trial._protocol import Failure, Fits, Job, Message, Progress, Result

@@ -32,9 +32,7 @@ from typing import Any, TypedDict
 
 import psutil
 
-from tuner.machine import _gpu
-from tuner.machine._cpu_load import CpuLoad
-from tuner.machine._memory import swap_used_bytes
+from tuner.machine import CpuLoad, GpuReader, swap_used_bytes
 
 __all__ = [
     "STEPS_CSV",
@@ -103,7 +101,7 @@ class TelemetrySampler:
     ``gpu_index`` selects the trial's device among the reader's; ``None`` reads the first one.
     """
 
-    def __init__(self, gpu: _gpu.GpuReader | None = None, gpu_index: int | None = None) -> None:
+    def __init__(self, gpu: GpuReader | None = None, gpu_index: int | None = None) -> None:
         self._gpu = gpu if gpu is not None and gpu.available else None
         self._gpu_index = gpu_index
         self._samples: list[_Sample] = []

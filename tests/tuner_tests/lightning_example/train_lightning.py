@@ -2,8 +2,7 @@
 import lightning as L
 from my_lightning import Data, Model  # your LightningDataModule and LightningModule
 
-from objectives.lightning import workload_from_lightning
-from tuner.integrations.lightning import TunedDataLoaders
+from tuner.integrations.lightning import TunedDataLoaders, workload_from_lightning
 
 
 def workload():  # what each trial's process runs: --objective train_lightning.py:workload

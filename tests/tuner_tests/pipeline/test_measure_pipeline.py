@@ -15,6 +15,7 @@ from objectives import Workload, storage_workload
 from tests.tuner_tests.workloads import Vectors
 from tuner.pipeline import PipelineProfile
 from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
+from tuner.trial import _pipeline
 from tuner.trial._pipeline import _cpu_s, _step_time_ratio, measure_pipeline, samples_per_batch
 
 CPU = torch.device("cpu")
@@ -75,23 +76,39 @@ def test_each_other_knob_value_is_profiled_with_its_own_costs() -> None:
     assert stored.for_knobs({"collate": "uint8"}).sample_bytes == uint8["sample_bytes"]
 
 
-def _sleeping_step(seconds: float) -> Callable[[object, torch.device], None]:
+class _Clock:
+    """A ``time`` stand-in for the step timer: it moves only when a step says it took time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-9  # every reading is later than the one before, as a real clock's
+        return self.now
+
+
+def _timed_step(clock: _Clock, seconds: float) -> Callable[[object, torch.device], None]:
     def step(batch: object, device: torch.device) -> None:
-        time.sleep(seconds)
+        clock.now += seconds
 
     return step
 
 
-def test_a_knobs_step_time_is_read_against_the_base_steps() -> None:
+def test_a_knobs_step_time_is_read_against_the_base_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr(_pipeline, "time", clock)
+
     def workload(seconds: float) -> Workload:
         return Workload(
-            name="sleeper", dataset=Vectors(), step=_sleeping_step(seconds), default_batch_size=8
+            name="timed", dataset=Vectors(), step=_timed_step(clock, seconds), default_batch_size=8
         )
 
     doubled = _step_time_ratio(workload(0.002), workload(0.004), 8, CPU, seed=0)
     same = _step_time_ratio(workload(0.003), workload(0.003), 8, CPU, seed=0)
-    assert doubled == pytest.approx(2.0, rel=0.2)
-    assert same == pytest.approx(1.0, rel=0.15)
+    assert doubled == pytest.approx(2.0, rel=1e-3)
+    assert same == pytest.approx(1.0, rel=1e-3)
 
 
 def test_the_stand_in_worker_holds_one_batch_not_every_batch_it_made() -> None:

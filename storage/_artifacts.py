@@ -20,7 +20,7 @@ from optuna.artifacts import FileSystemArtifactStore, get_all_artifact_meta, upl
 from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial
 
-from storage import with_retry
+from storage._retry import with_retry
 
 __all__ = [
     "ARTIFACT_DIR_NAME",

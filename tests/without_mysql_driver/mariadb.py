@@ -1,0 +1,3 @@
+"""Stands in for a missing driver: first on PYTHONPATH, it fails to import as a missing one does."""
+
+raise ModuleNotFoundError("No module named 'mariadb'", name="mariadb")
