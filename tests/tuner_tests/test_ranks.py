@@ -289,10 +289,8 @@ def test_inside_torchrun_each_rank_applies_its_rank_counts_study(tmp_path: Path)
     tuned = _best_json(storage, "--nproc-per-node", "2")
     for rank in _in_torchrun(tmp_path, storage):
         assert not [w for w in rank["warnings"] if "ranks per node" in w]
-        assert (rank["num_workers"], rank["batch_size"]) == (
-            tuned["num_workers"],
-            tuned["batch_size"],
-        )
+        applied = (rank["num_workers"], rank["batch_size"])
+        assert applied == (tuned["num_workers"], tuned["batch_size"]), (rank, tuned)
 
 
 def test_tune_takes_nproc_per_node_and_refuses_zero_before_writing(tmp_path: Path) -> None:
