@@ -165,5 +165,5 @@ def test_a_study_of_a_trainer_runs_its_arguments_as_the_baseline(tmp_path: Path)
     baseline = next(t for t in study.trials if t.user_attrs.get("baseline") == "pytorch-default")
     today = trial_settings(baseline)
     assert (today.num_workers, today.prefetch_factor, today.persistent_workers) == (2, 3, True)
-    assert today.batch == 8  # 12 is not a power of two: the nearest choice below it
+    assert today.batch == 12  # the Trainer's own batch, though not a power of two
     assert all(t.value and t.value > 0 for t in study.trials)
