@@ -1,4 +1,5 @@
-"""What the benchmarks share: the workloads and their grids, one yardstick, timed studies.
+"""What the benchmarks share: the workloads and their grids, one yardstick, timed studies, and
+the plain loop a user would write.
 
 The yardstick (:class:`Harness`) measures a :class:`~tuner.search.LoaderSettings` exactly
 as a trial does: :class:`~tuner.run.TrialRunner` → :class:`~tuner.trial.Supervisor` → a
@@ -11,30 +12,43 @@ of the rounds drops the odd disturbed window.
 :func:`run_timed_study` runs the real tuner (:func:`tuner.run._study.run_study`) and times it with
 ``time.monotonic``; the trials' own timestamps then split that wall time into the setup before
 the first trial (batch probe, ceiling), the trials, and the final re-measurement after the last.
+:func:`cli_study` runs it instead as a user types it, ``python -m tuner.study`` in its own process.
+
+The plain loop (:func:`plain_loop`, started by :func:`measure_plain` in a fresh interpreter,
+``python -m bench.plain_loop``, or as ``torch.distributed.run``'s ranks) is the other yardstick:
+``DataLoader(dataset, shuffle=True, drop_last=True, **setting)``, the tuned
+``torch.set_num_threads``, a few warm-up batches, then the workload's step over a window, with
+none of the tuner's code in between. It is what a user's training loop sees.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
+import functools
 import io
 import itertools
 import json
 import logging
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
 import torch
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from objectives import Workload, move_to_device
 from tuner.machine import cpu_model_name
 from tuner.run import (
     PreparedStudy,
@@ -51,21 +65,42 @@ from tuner.search._space import MAX_PREFETCH_FACTOR, SearchSpace
 
 __all__ = [
     "DEFAULT_STRATEGY",
+    "GRID_BATCHES",
+    "PICK_SHARE",
+    "PLAIN_WARMUP_BATCHES",
+    "ROOT",
+    "STORAGE_WORKERS",
+    "USER_WORKLOADS",
     "WORKLOADS",
     "BenchWorkload",
     "Harness",
     "TimedStudy",
+    "cli_study",
     "describe",
+    "grid_share",
+    "interleaved",
     "machine_summary",
     "markdown_table",
+    "measure_plain",
+    "option_flags",
     "output_dir",
+    "parse_study_bench_args",
+    "plain_grid",
+    "plain_loader",
+    "plain_loop",
     "prepare_workload",
+    "run_module",
     "run_timed_study",
     "settings_key",
     "space_size",
+    "spread",
+    "study_bench_parser",
+    "study_flags",
 ]
 
 _log = logging.getLogger("bench")
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_WINDOW_S = 1.5
 DEFAULT_STRATEGY = StudyConfig.sampler
@@ -159,6 +194,17 @@ WORKLOADS: dict[str, BenchWorkload] = {
         typical=lambda space: space.settings(16, 32, 2, True, False, 1, {}),
     ),
 }
+
+USER_WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
+    **{name: (w.objective, dict(w.options)) for name, w in WORKLOADS.items()},
+    "photos": ("bench.photos_workload:workload", {}),
+    "off_cpu": ("bench.photos_workload:off_cpu", {}),
+}
+"""name -> (objective spec, workload options as ``python -m tuner.study`` flags take them): the
+built-in workloads at the benchmarks' sizes; ``photos``, a user-style file workload (JPEG decode
+and PIL augmentation in ``__getitem__``, a small CNN step); and ``off_cpu``, the same files with
+a step that sleeps, as a CUDA step leaves the host waiting on the device
+(``bench/photos_workload.py``)."""
 
 
 def output_dir(requested: str | None, prefix: str) -> Path:
@@ -257,21 +303,12 @@ class Harness:
     def side_by_side(
         self, settings: Sequence[LoaderSettings], rounds: int, desc: str = "side by side"
     ) -> list[list[float]]:
-        """Each setting measured once per round, the order rotated every round.
+        """Each setting measured once per round, the order rotated every round
+        (:func:`interleaved`).
 
         Returns the samples/s of each setting's completed rounds, in the order given.
         """
-        values: list[list[float]] = [[] for _ in settings]
-        order = list(range(len(settings)))
-        with tqdm(total=rounds * len(settings), desc=desc, file=sys.stderr, leave=False) as bar:
-            for round_number in range(rounds):
-                shift = round_number % len(order)
-                for index in order[shift:] + order[:shift]:
-                    value = self.measure(settings[index])
-                    if value is not None:
-                        values[index].append(value)
-                    bar.update()
-        return values
+        return interleaved([functools.partial(self.measure, s) for s in settings], rounds, desc)
 
     def baselines(self) -> dict[str, LoaderSettings]:
         """``pytorch-default`` and ``rule-of-thumb``, as the study enqueues them."""
@@ -280,6 +317,29 @@ class Harness:
 
 def median_or_none(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def interleaved(
+    measures: Sequence[Callable[[], float | None]], rounds: int, desc: str = "rounds"
+) -> list[list[float]]:
+    """Each measurement taken once per round, the order rotated every round (A B C, B C A, ...),
+    so drift in the machine's speed hits every contender alike; a progress bar over the rounds.
+
+    Returns each measurement's completed values (None, a failed one, is left out), in the
+    order given.
+    """
+    values: list[list[float]] = [[] for _ in measures]
+    order = list(range(len(measures)))
+    with tqdm(total=rounds, desc=desc, unit="round", file=sys.stderr, leave=False) as bar:
+        for round_number in range(rounds):
+            shift = round_number % len(order) if order else 0
+            for done, index in enumerate(order[shift:] + order[:shift]):
+                bar.set_postfix_str(f"{done + 1}/{len(order)}")
+                value = measures[index]()
+                if value is not None:
+                    values[index].append(value)
+            bar.update()
+    return values
 
 
 @dataclasses.dataclass
@@ -359,3 +419,348 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def spread(values: Sequence[float]) -> str:
+    """``1,234 (1,180-1,290)``: the median and the range of ``values``; ``-`` for none."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+
+
+def figure_text(figure: float, holdout_rounds: Sequence[float]) -> str:
+    """A study's printed figure with its hold-out rounds' range, as :func:`spread` writes it
+    (the figure is their median); the figure alone for a study without them."""
+    return spread(holdout_rounds) if holdout_rounds else f"{figure:,.0f}"
+
+
+def option_flags(options: Mapping[str, Any]) -> list[str]:
+    """A workload's options as ``python -m tuner.study`` flags: ``{"images": 512}`` ->
+    ``["--images", "512"]``."""
+    return [
+        part
+        for key, value in options.items()
+        for part in (f"--{key.replace('_', '-')}", str(value))
+    ]
+
+
+def run_module(*args: str, timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m ARGS`` in the repository root with this interpreter, the repository first on
+    the path; output captured. Past ``timeout_s`` its whole process group is killed (ranks and
+    DataLoader workers included) and the result has return code -9."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    command = [sys.executable, "-m", *args]
+    with subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, so a timeout reaches its children too
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            return subprocess.CompletedProcess(command, -9, stdout, stderr + "\ntimed out")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def cli_study(
+    objective: str, options: Mapping[str, Any], storage: str, flags: Sequence[str]
+) -> tuple[float, str]:
+    """``python -m tuner.study`` as a user types it (``--no-progress``, ``flags`` after the
+    workload's); its wall seconds and what it printed on stdout (the summary). A failed study
+    ends the benchmark with its last lines."""
+    command = ["tuner.study", "--objective", objective, *option_flags(options)]
+    command += ["--storage", storage, "--no-progress", *flags]
+    started = time.monotonic()
+    result = run_module(*command)
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise SystemExit(f"{objective}: the study failed ({' '.join(command)}):\n{tail}")
+    return time.monotonic() - started, result.stdout
+
+
+PLAIN_WARMUP_BATCHES = 3
+"""Batches a plain loop runs before its window: the workers' start and the first batches."""
+
+
+def plain_loader(
+    workload: Workload, settings: LoaderSettings, batch_param: str, *, sharded: bool = False
+) -> tuple[Workload, DataLoader]:
+    """The workload configured with the setting's knobs, and its DataLoader as a user writes it.
+
+    ``DataLoader(dataset, shuffle=True, drop_last=True, **setting)`` with the workload's
+    collate and worker init; a token budget goes to the workload's batch sampler instead. With
+    ``sharded`` (a rank under torchrun), a ``DistributedSampler`` shard, shuffled and without
+    the ragged tail, takes the place of ``shuffle``.
+
+    Raises:
+        ValueError: ``sharded`` with a workload that batches through its own batch sampler.
+    """
+    from torch.utils.data.distributed import DistributedSampler
+
+    workload = workload.with_knobs(settings.knobs)
+    kwargs = settings.dataloader_kwargs(batch_param)
+    if workload.batch_sampler is not None:
+        if sharded:
+            raise ValueError(f"workload {workload.name!r} batches through its own batch sampler")
+        kwargs.pop("batch_size", None)
+        kwargs["batch_sampler"] = workload.batch_sampler(workload.dataset, settings.batch, 0)
+    elif sharded:
+        sampler = DistributedSampler(workload.dataset, shuffle=True, drop_last=True)
+        kwargs.update(sampler=sampler, drop_last=True)
+    else:
+        kwargs.update(shuffle=True, drop_last=True)
+    if workload.collate_fn is not None:
+        kwargs["collate_fn"] = workload.collate_fn
+    if workload.worker_init_fn is not None:
+        kwargs["worker_init_fn"] = workload.worker_init_fn
+    return workload, DataLoader(workload.dataset, **kwargs)
+
+
+def _loop_device() -> torch.device:
+    """The first CUDA device, a rank's own (``LOCAL_RANK``) under torchrun; else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def plain_loop(
+    loader: Any,
+    workload: Any,
+    warmup_s: float,
+    window_s: float,
+    *,
+    warmup_batches: int = 0,
+    accumulation_steps: int = 1,
+) -> dict[str, Any]:
+    """samples/s of a plain training loop over ``loader``.
+
+    ``for batch in loader``: the batch moved to the device, the workload's step, the optimizer
+    step every ``accumulation_steps`` batches, a new iterator (and ``set_epoch``) at each
+    epoch's end. Warm-up: ``warmup_batches`` and at least ``warmup_s``, then ``window_s`` counted.
+    Inside an initialised process group (torchrun's ranks) the ranks meet at a barrier after
+    their warm-up, and ``samples_per_sec`` is the node's: the sum of the ranks' rates over
+    their windows (``rank_samples_per_sec``, in rank order).
+
+    Returns:
+        ``samples_per_sec``, ``rank_samples_per_sec``, ``torch_num_threads``, ``num_workers``,
+        ``batch_size`` and ``batches`` (counted in this process's window).
+    """
+    import torch.distributed as dist
+
+    device = _loop_device()
+    step = workload.train_step(device)
+    epoch, batches = 0, 0
+    iterator = iter(loader)
+
+    def one() -> int:
+        nonlocal iterator, epoch, batches
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            epoch += 1
+            for sampler in (loader.sampler, loader.batch_sampler):
+                if hasattr(sampler, "set_epoch"):
+                    sampler.set_epoch(epoch)
+            iterator = iter(loader)
+            batch = next(iterator)
+        step(move_to_device(batch, device, non_blocking=loader.pin_memory))
+        batches += 1
+        if batches % accumulation_steps == 0:
+            step.optimizer_step()
+        return len(batch[0])
+
+    started = time.perf_counter()
+    for _ in range(warmup_batches):
+        one()
+    while time.perf_counter() - started < warmup_s:
+        one()
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed:
+        dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    samples, batches, started = 0, 0, time.perf_counter()
+    while time.perf_counter() - started < window_s:
+        samples += one()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    rates = [samples / (time.perf_counter() - started)]
+    if distributed:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, rates[0])
+        rates = [float(rate) for rate in gathered]
+    return {
+        "samples_per_sec": sum(rates),
+        "rank_samples_per_sec": rates,
+        "torch_num_threads": torch.get_num_threads(),
+        "num_workers": loader.num_workers,
+        "batch_size": loader.batch_size,
+        "batches": batches,
+    }
+
+
+def measure_plain(
+    objective: str,
+    options: Mapping[str, Any],
+    settings: LoaderSettings,
+    batch_param: str,
+    window_s: float,
+    *,
+    warmup_batches: int = PLAIN_WARMUP_BATCHES,
+    nproc_per_node: int = 1,
+) -> dict[str, Any] | None:
+    """The plain loop of ``settings`` in a fresh interpreter (``python -m bench.plain_loop``),
+    or as ``nproc_per_node`` ranks started by ``python -m torch.distributed.run`` (gloo on the
+    CPU; every rank its shard and the setting's DataLoader, the node's samples/s summed).
+
+    Returns:
+        :func:`plain_loop`'s result (rank 0's under torchrun), or None when the process failed
+        or ran past its timeout (a warning names why).
+    """
+    loop = ["bench.plain_loop", "--objective", objective, "--options", json.dumps(dict(options))]
+    loop += ["--settings", json.dumps(settings.to_attrs()), "--batch-param", batch_param]
+    loop += ["--warmup-batches", str(warmup_batches), "--window-s", str(window_s)]
+    if nproc_per_node > 1:
+        launcher = [
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc_per_node),
+        ]
+        loop = [*launcher, "-m", *loop]
+    result = run_module(*loop, timeout_s=120 + 4 * window_s)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+        _log.warning(
+            "plain loop %s: exit %s, %s",
+            describe(settings, batch_param),
+            result.returncode,
+            tail[0],
+        )
+        return None
+    return dict(json.loads(lines[-1]))
+
+
+GRID_BATCHES = (32, 64, 128)
+"""The batch sizes of the plain loops' grids: where the benchmarks' workloads have had their
+optima (32 for storage, 64-128 for image)."""
+PICK_SHARE = 0.95
+"""A pick reaches 95% of an independent grid's best (issues 38 and 40)."""
+
+
+def grid_share(pick: Sequence[float], grid: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """The grid's best setting (the index of the highest median), the pick's median over it,
+    and whether that reaches :data:`PICK_SHARE`; None for what did not complete."""
+    medians = [statistics.median(values) if values else None for values in grid]
+    measured = [(median, index) for index, median in enumerate(medians) if median is not None]
+    if not measured:
+        return {"best_index": None, "share": None, "reached": None}
+    best, index = max(measured)
+    if not pick:
+        return {"best_index": index, "share": None, "reached": None}
+    share = statistics.median(pick) / best
+    return {"best_index": index, "share": share, "reached": share >= PICK_SHARE}
+
+
+def plain_grid(
+    workers: Iterable[int],
+    batches: Iterable[int],
+    threads: Iterable[int],
+    knobs: Sequence[Mapping[str, Any]] = ({},),
+    pin_memory: bool = False,
+) -> list[LoaderSettings]:
+    """Every combination of ``workers``, ``batches``, ``threads`` and ``knobs`` (repeats
+    dropped, order kept): prefetch 2 and persistent workers where there are workers, as the
+    rule of thumb has them, since both only move a loop's first batches and its memory."""
+    grid: list[LoaderSettings] = []
+    seen: set[str] = set()
+    for count, batch, thread, knob in itertools.product(workers, batches, threads, knobs):
+        settings = LoaderSettings(
+            batch=batch,
+            num_workers=count,
+            prefetch_factor=2 if count else None,
+            persistent_workers=count > 0,
+            pin_memory=pin_memory,
+            torch_num_threads=thread,
+            knobs=dict(knob),
+        )
+        if settings_key(settings) not in seen:
+            seen.add(settings_key(settings))
+            grid.append(settings)
+    return grid
+
+
+QUICK = {
+    "n_trials": 3,
+    "trial_seconds": 0.5,
+    "warmup_seconds": 0.3,
+    "rounds": 1,
+    "window_s": 0.5,
+    "grid_size": 2,
+}
+"""``--quick``: studies of 3 short trials, one round of half-second windows, 2 grid settings.
+For checking a script end to end; its figures mean nothing."""
+
+
+def study_bench_parser(
+    prog: str, doc: str | None, workloads: Sequence[str]
+) -> argparse.ArgumentParser:
+    """The flags of a benchmark that runs studies as users type them, then plain loops in
+    interleaved rounds (``bench.truth``, ``bench.ranks``)."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--workloads", default=",".join(workloads), help="comma-separated")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds after the studies")
+    p.add_argument("--window-s", type=float, default=5.0, help="the plain loop's window (5)")
+    p.add_argument("--n-trials", type=int, default=None, help="the studies' (default: theirs)")
+    p.add_argument("--trial-seconds", type=float, default=StudyConfig.trial_seconds)
+    p.add_argument("--warmup-seconds", type=float, default=StudyConfig.warmup_seconds)
+    p.add_argument("--grid-size", type=int, default=None, help="measure the grid's first N only")
+    quick = ", ".join(f"{key}={value}" for key, value in QUICK.items())
+    p.add_argument("--quick", action="store_true", help=f"check the script end to end: {quick}")
+    p.add_argument("--out", default=None, help="folder for the databases and the results JSON")
+    return p
+
+
+def parse_study_bench_args(
+    p: argparse.ArgumentParser, argv: Sequence[str] | None, known: Collection[str]
+) -> argparse.Namespace:
+    """``p``'s arguments, :data:`QUICK`'s values in place of defaults under ``--quick`` and
+    ``workloads`` a list of names in ``known``; usage errors exit 2 with one line."""
+    args = p.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, value)
+    args.workloads = [name.strip() for name in args.workloads.split(",") if name.strip()]
+    unknown = [name for name in args.workloads if name not in known] or [""] * (not args.workloads)
+    if unknown:
+        p.error(f"unknown workload {unknown[0]!r}; known: {', '.join(known)}")
+    if args.rounds < 1 or args.window_s <= 0 or args.trial_seconds <= 0:
+        p.error("--rounds must be at least 1, --window-s and --trial-seconds above 0")
+    if args.grid_size is not None and args.grid_size < 0:
+        p.error("--grid-size must be 0 or more")
+    return args
+
+
+def study_flags(args: argparse.Namespace) -> list[str]:
+    """What a benchmark passes on to ``python -m tuner.study``: the window, the warm-up and,
+    where given, the trials."""
+    flags = ["--trial-seconds", str(args.trial_seconds)]
+    flags += ["--warmup-seconds", str(args.warmup_seconds)]
+    if args.n_trials is not None:
+        flags += ["--n-trials", str(args.n_trials)]
+    return flags

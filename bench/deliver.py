@@ -37,34 +37,30 @@ import statistics
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from bench._harness import WORKLOADS as BENCH_WORKLOADS
 from bench._harness import (
+    ROOT,
+    USER_WORKLOADS,
     Harness,
+    cli_study,
     describe,
     machine_summary,
     markdown_table,
     output_dir,
     print_machine,
+    run_module,
     write_json,
 )
 from tuner.insight import BestSetting
 
-ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.90
 
-WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
-    **{name: (w.objective, dict(w.options)) for name, w in BENCH_WORKLOADS.items()},
-    "photos": ("bench.photos_workload:workload", {}),
-}
-"""name -> (objective spec, workload options as ``python -m tuner.study`` flags take them): the
-built-in workloads at the benchmarks' sizes, and ``photos``."""
+WORKLOADS = USER_WORKLOADS
+"""name -> (objective spec, workload options): the built-in workloads at the benchmarks' sizes,
+``photos`` and ``off_cpu`` (``bench._harness.USER_WORKLOADS``)."""
 
 PATHS = ("tuner.loader", "--format python", "--format json", "kwargs only", "tuner measure")
 
@@ -123,51 +119,13 @@ def sampling(workload: Any, setting: dict[str, Any]) -> dict[str, Any]:
     return {"batch_sampler": workload.batch_sampler(workload.dataset, setting["batch"], 0)}
 
 
-def plain_loop(loader: Any, workload: Any, warmup_s: float, window_s: float) -> dict[str, Any]:
-    """samples/s of a plain training loop over ``loader`` (CPU or the first CUDA device)."""
-    from objectives import move_to_device
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    step = workload.train_step(device)
-    iterator = iter(loader)
-
-    def one() -> int:
-        nonlocal iterator
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            iterator = iter(loader)
-            batch = next(iterator)
-        step(move_to_device(batch, device, non_blocking=loader.pin_memory))
-        step.optimizer_step()
-        return len(batch[0])
-
-    started = time.perf_counter()
-    while time.perf_counter() - started < warmup_s:
-        one()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    samples, started = 0, time.perf_counter()
-    while time.perf_counter() - started < window_s:
-        samples += one()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - started
-    return {
-        "samples_per_sec": samples / elapsed,
-        "torch_num_threads": torch.get_num_threads(),
-        "num_workers": loader.num_workers,
-        "batch_size": loader.batch_size,
-    }
-
-
 def _measure_in_fresh_process(path: str, context: dict[str, Any], args: argparse.Namespace) -> Any:
     """Run one path's build code and the plain loop in a new interpreter; its result."""
     header = "".join(f"{name} = {value!r}\n" for name, value in context.items())
     code = (
         header
         + textwrap.dedent(_BUILD[path])
-        + "from bench.deliver import plain_loop\nimport json as _json\n"
+        + "from bench._harness import plain_loop\nimport json as _json\n"
         + f"print(_json.dumps(plain_loop(loader, workload, {args.warmup}, {args.window})))\n"
     )
     result = subprocess.run(
@@ -184,37 +142,14 @@ def _measure_in_fresh_process(path: str, context: dict[str, Any], args: argparse
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-    )
-
-
-def _option_flags(options: dict[str, Any]) -> list[str]:
-    return [
-        part
-        for key, value in options.items()
-        for part in (f"--{key.replace('_', '-')}", str(value))
-    ]
-
-
 def _study(name: str, storage: str, args: argparse.Namespace) -> BestSetting:
     """A short study as a user runs it; its best as ``tuner.best`` reports it."""
     import tuner
 
     objective, options = WORKLOADS[name]
-    flags = ["--hardware", "auto", "--objective", objective, *_option_flags(options)]
-    flags += ["--storage", storage, "--n-trials", str(args.n_trials), "--no-progress"]
-    flags += ["--trial-seconds", str(args.trial_seconds)]
-    started = time.monotonic()
-    result = _cli("tuner.study", *flags)
-    if result.returncode != 0:
-        raise SystemExit(f"{name}: the study failed: {result.stderr.strip()}")
-    print(f"{name}: study of {args.n_trials} trials in {time.monotonic() - started:.0f} s")
+    flags = ["--n-trials", str(args.n_trials), "--trial-seconds", str(args.trial_seconds)]
+    wall_s, _ = cli_study(objective, options, storage, flags)
+    print(f"{name}: study of {args.n_trials} trials in {wall_s:.0f} s")
     return tuner.best_setting("auto", objective=objective, storage=storage)
 
 
@@ -240,8 +175,8 @@ def deliver(name: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]
     objective, options = WORKLOADS[name]
     snippet, setting = folder / f"{name}-snippet.py", folder / f"{name}-best.json"
     common = ["--hardware", "auto", "--objective", objective, "--storage", storage]
-    snippet.write_text(_cli("tuner.best", *common, "--format", "python").stdout)
-    setting.write_text(_cli("tuner.best", *common, "--format", "json").stdout)
+    snippet.write_text(run_module("tuner.best", *common, "--format", "python").stdout)
+    setting.write_text(run_module("tuner.best", *common, "--format", "json").stdout)
     context = {
         "OBJECTIVE": objective,
         "OPTIONS": dict(options),

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.deliver import WORKLOADS, _option_flags, sampling
+from bench._harness import option_flags
+from bench.deliver import WORKLOADS, sampling
 from objectives import load_workload
 from tuner.study import _objective_options, parser
 
@@ -14,7 +15,7 @@ from tuner.study import _objective_options, parser
 def test_each_workloads_options_reach_the_study_as_flags(name: str) -> None:
     objective, options = WORKLOADS[name]
     args = parser().parse_args(
-        ["--hardware", "auto", "--objective", objective, *_option_flags(options)]
+        ["--hardware", "auto", "--objective", objective, *option_flags(options)]
     )
     assert _objective_options(args) == options
 
