@@ -9,6 +9,11 @@ in-memory blob, colour jitter besides crop and flip, a 3x3 conv stack, no knobs.
 generated locally (no network) once, into ``$TUNER_CACHE_DIR`` (else
 ``~/.cache/dataloader-tuner``) ``/photos-<count>x<size>px/``; ``bench.deliver`` makes them
 before its study, and any process that finds them missing makes them atomically.
+
+``off_cpu`` is the same files with a step that sleeps instead of training (``--objective
+bench.photos_workload:off_cpu``): the shape of a GPU machine, where the workers decode on the
+CPU and the host waits while the device steps, so the main process's threads have nothing to do
+and every worker beyond the cores takes CPU from the process that feeds the device.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -29,9 +35,13 @@ from torch.utils.data import Dataset
 from objectives import Workload
 from objectives.image import _generate_jpegs, cache_dir, random_resized_crop_box
 
-__all__ = ["PhotoFolder", "make_photos", "step", "workload"]
+__all__ = ["PhotoFolder", "make_photos", "off_cpu", "sleeping_step", "step", "workload"]
 
 COUNT, SIZE, CROP = 512, 128, 96
+STEP_BATCH_S, STEP_SAMPLE_S = 0.005, 0.0005
+"""The sleeping step's wall time: 5 ms a batch (a launch and a synchronisation) and 0.5 ms a
+sample, so the step alone runs at 1,500-1,900 samples/s at batch 32-128, above what two cores
+decode: the loader is what a setting changes, as on a GPU machine fed by few cores."""
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 
@@ -122,4 +132,21 @@ def workload() -> Workload:
         default_batch_size=32,
         batch_size_range=(8, 256),
         description=f"photos: {COUNT} JPEG files {SIZE}px, PIL crop/flip/jitter, 3x3 CNN",
+    )
+
+
+def sleeping_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> None:
+    """The step of a device the host waits on: :data:`STEP_BATCH_S` a batch and
+    :data:`STEP_SAMPLE_S` a sample of wall time, no CPU."""
+    time.sleep(STEP_BATCH_S + STEP_SAMPLE_S * len(batch[0]))
+
+
+def off_cpu() -> Workload:
+    return Workload(
+        name="off_cpu",
+        dataset=PhotoFolder(make_photos()),
+        step=sleeping_step,
+        default_batch_size=32,
+        batch_size_range=(8, 256),
+        description=f"off_cpu: {COUNT} JPEG files {SIZE}px, PIL crop/flip/jitter, a sleeping step",
     )
