@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from tuner._loader import AdaptiveLoader, loader
+    from tuner._signals import Terminated
     from tuner._tune import tune
     from tuner.insight import BestSetting, NoResultError, best_params, best_setting
 
@@ -33,6 +34,7 @@ _PUBLIC = {
     "AdaptiveLoader": "tuner._loader",
     "BestSetting": "tuner.insight",
     "NoResultError": "tuner.insight",
+    "Terminated": "tuner._signals",
     "best_params": "tuner.insight",
     "best_setting": "tuner.insight",
     "loader": "tuner._loader",
@@ -43,6 +45,7 @@ __all__ = [
     "AdaptiveLoader",
     "BestSetting",
     "NoResultError",
+    "Terminated",
     "__version__",
     "best_params",
     "best_setting",

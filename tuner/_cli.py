@@ -4,7 +4,8 @@ help that shows each default, one-line errors, exit codes, and where progress go
 Exit codes follow Optuna's CLI habits: 2 for a usage error (bad flag, unknown profile, storage
 that cannot be opened), 1 for "nothing to show" (no study, no finished trial). Progress lines are
 the ``tuner.run`` logger's INFO records, written to stderr (above a progress bar, where one runs);
-warnings carry the program's name.
+warnings carry the program's name. Ctrl-C, and SIGTERM during a study, end it with one line on
+stderr ("interrupted", "terminated") and 128 + the signal's number (130, 143).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import optuna
 
 from objectives import WorkloadError
 from storage import LostConnectionFilter, StorageError, default_storage_url, mask_password
+from tuner._signals import stop_exit_code, stop_reason
 from tuner.machine import AUTO_PROFILE, ProfileError
 from tuner.search import SpaceError
 
@@ -151,7 +153,7 @@ def run_cli(
     except (*USAGE_ERRORS, UsageError, ConfigError) as error:
         print(f"{prog}: error: {mask_password(str(error))}", file=sys.stderr)
         code = 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        code = 130
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM during a study (tuner._signals)
+        print(f"{prog}: {stop_reason(stop)}", file=sys.stderr)
+        code = stop_exit_code(stop)
     raise SystemExit(code)

@@ -105,6 +105,10 @@ def tune(
 
     Raises:
         NoResultError: no trial of the study completed (every one failed or was pruned).
+        KeyboardInterrupt: Ctrl-C, or SIGTERM as its subclass :class:`tuner.Terminated`, once
+            the running trial's processes are gone and the trial is failed. In the main
+            thread, where SIGTERM's handler is the default, the call handles SIGTERM so and
+            restores the handler on return; a handler of the caller's own is left alone.
         ValueError: an argument this machine or the storage cannot honour (an unknown
             profile, a bad limit, a storage URL that cannot be opened, ...), raised before
             anything is written.

@@ -12,6 +12,7 @@ study's SQLite file (the ceiling and the profile each end by writing a study att
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sqlite3
@@ -20,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -147,6 +149,51 @@ def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
+@dataclasses.dataclass(frozen=True)
+class Stopped:
+    """A study signalled mid-run: its tree when signalled, what outlived it, how it ended."""
+
+    tree: list[psutil.Process]
+    """The study process and every descendant it had when signalled."""
+    roles: dict[int, str]
+    """Each of their pids, described (status and command line) as they were then."""
+    survivors: list[psutil.Process]
+    """Those still alive :data:`GONE_WITHIN_S` after the study ended (killed since)."""
+    returncode: int
+    stdout: str | None
+    stderr: str | None
+
+
+def stop_study(
+    study: subprocess.Popen[Any], *signals: signal.Signals, group: bool = False
+) -> Stopped:
+    """Send ``signals`` to a running study one after the other (with ``group``, to its whole
+    process group, as a terminal's Ctrl-C does: the study must lead one), wait for it to end
+    and collect the survivors of its tree.
+
+    Each process is polled for until :data:`GONE_WITHIN_S` after the study ended; survivors are
+    killed before this returns, so no test leaves them to the next.
+    """
+    try:
+        root = psutil.Process(study.pid)
+        tree = [root, *_descendants(root)]
+        roles = {p.pid: _describe(p) for p in tree}
+        for sig in signals:
+            (os.killpg if group else os.kill)(study.pid, sig)
+        stdout, stderr = study.communicate(timeout=120)
+    finally:
+        if study.poll() is None:
+            study.kill()
+            study.communicate()
+    ended_at = time.monotonic()
+    while _alive(tree) and time.monotonic() - ended_at < GONE_WITHIN_S:
+        time.sleep(0.02)
+    survivors = _alive(tree)
+    for process in survivors:
+        process.kill()
+    return Stopped(tree, roles, survivors, study.returncode, stdout, stderr)
+
+
 def _wait_for(phase: Phase, study: subprocess.Popen[bytes], db: StudyDb, log: Path) -> None:
     process = psutil.Process(study.pid)
     deadline = time.monotonic() + 180
@@ -177,23 +224,13 @@ def test_killed_study_leaves_no_process_alive(tmp_path: Path, phase: str) -> Non
         study = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
     try:
         _wait_for(PHASES[phase], study, StudyDb(db_path), log)
-        root = psutil.Process(study.pid)
-        tree = [root, *_descendants(root)]
-        roles = {p.pid: _describe(p) for p in tree}
-        study.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
+    except BaseException:
+        study.kill()
         study.wait()
-        while _alive(tree) and time.monotonic() - killed_at < GONE_WITHIN_S:
-            time.sleep(0.02)
-        survivors = _alive(tree)
-    finally:
-        if study.poll() is None:
-            study.kill()
-            study.wait()
-    for process in survivors:
-        process.kill()
-    assert len(tree) >= (2 if phase == "forkserver-preload" else 3), roles
-    assert not survivors, (
+        raise
+    stopped = stop_study(study, signal.SIGKILL)
+    assert len(stopped.tree) >= (2 if phase == "forkserver-preload" else 3), stopped.roles
+    assert not stopped.survivors, (
         f"alive {GONE_WITHIN_S} s after the kill in phase {phase}: "
-        f"{[roles[p.pid] for p in survivors]}"
+        f"{[stopped.roles[p.pid] for p in stopped.survivors]}"
     )

@@ -19,7 +19,7 @@ import pytest
 from objectives import Workload
 from tests.conftest import QUICK_TRIALS, ROOT, best_cli, free_port, run_cli, study_cli
 from tests.tuner_tests import workloads
-from tests.tuner_tests.test_killed_study import GONE_WITHIN_S, StudyDb, _alive, _descendants
+from tests.tuner_tests.test_killed_study import StudyDb, _descendants, stop_study
 from tuner import machine
 from tuner._naming import study_name
 from tuner.run import ConfigError, resolve_nproc_per_node
@@ -147,19 +147,14 @@ def test_a_killed_two_rank_study_leaves_no_process(tmp_path: Path) -> None:
         while not any(_descendants(rank) for rank in _ranks_running(root)):  # ranks with workers
             assert study.poll() is None and time.monotonic() < deadline, StudyDb(db).trial_states()
             time.sleep(0.02)
-        tree = [root, *_descendants(root)]
-        study.send_signal(signal.SIGKILL)
+    except BaseException:
+        study.kill()
         study.wait()
-        time.sleep(GONE_WITHIN_S)
-        survivors = _alive(tree)
-    finally:
-        if study.poll() is None:
-            study.kill()
-            study.wait()
-    for process in survivors:
-        process.kill()
-    assert len(tree) >= 6  # the study, the forkserver, the trial child, 2 ranks, their workers
-    assert not survivors, [p.pid for p in survivors]
+        raise
+    stopped = stop_study(study, signal.SIGKILL)
+    # the study, the forkserver, the trial child, 2 ranks, their workers
+    assert len(stopped.tree) >= 6, stopped.roles
+    assert not stopped.survivors, [stopped.roles[p.pid] for p in stopped.survivors]
 
 
 def test_more_ranks_than_cuda_gpus_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -186,6 +186,13 @@ def slow() -> Workload:
     )
 
 
+def deaf_to_sigterm() -> Workload:
+    """:func:`slow` in a trial child that ignores SIGTERM: the supervisor's kill then waits its
+    whole grace for SIGKILL, a clean-up that lasts while a test signals the study again."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return slow()
+
+
 def _one_batch_size(name: str, dataset: Dataset, batch: int = 8) -> Workload:
     """A workload that runs at one batch size: what it tests is the process, not the search."""
     return Workload(

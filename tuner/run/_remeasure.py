@@ -17,7 +17,8 @@ figure and the speedups; a baseline stops after a round that leaves it more than
 :data:`RACE_MARGIN` from the leader (its speedup is then not in doubt). Finished trials are
 immutable in Optuna, so the figures live in the study's user attrs (``tuner._attrs``: the
 selection medians, the hold-out's rounds and ``best_trial_number``); the merge runs under the
-study lock so concurrent workers of a fleet do not overwrite each other's.
+study lock so concurrent workers of a fleet do not overwrite each other's, and a stop signal
+waits until it is written whole (a stop during the rounds leaves the attrs as they were).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tqdm import tqdm
 
 from storage import storage_lock, with_retry
 from tuner._attrs import record_remeasured, stored_settings, trial_settings
+from tuner._signals import deferred
 from tuner.run._runner import TrialRunner
 
 __all__ = [
@@ -250,7 +252,7 @@ def remeasure(
     runner.rounds.setdefault(pick, []).extend(held.get(pick, []))
 
     def record() -> None:
-        with storage_lock(storage_url, study.study_name):
+        with storage_lock(storage_url, study.study_name), deferred():  # all three attrs or none
             record_remeasured(study, medians, pick, held)
 
     with_retry(record, "recording re-measurements")

@@ -4,10 +4,12 @@ trials, re-measure, report.
 
 Processes and what survives them: this study process owns the Optuna study, the database
 connection and the guard; each trial runs in a child (:mod:`tuner.trial`). A child that dies
-costs one trial. This process dying leaves its RUNNING trial to the heartbeat: another worker
-fails it and runs the re-queued copy. A database restart is ridden out by ``with_retry``.
-Every check that can refuse the run happens in :func:`~tuner.run._config.prepare`, before
-anything is written.
+costs one trial. Ctrl-C and SIGTERM (:mod:`tuner._signals`) kill the running trial's processes
+and fail it ("interrupted", "terminated"); they abandon a re-measurement before its attrs are
+written, and never cut in two a write of several attrs under the study lock. This process dying
+where it stands (SIGKILL) leaves its RUNNING trial to the heartbeat: another worker fails it and
+runs the re-queued copy. A database restart is ridden out by ``with_retry``. Every check that
+can refuse the run happens in :func:`~tuner.run._config.prepare`, before anything is written.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
 from tuner._attrs import BATCH_PARAM_ATTR, record_phases, remeasured
 from tuner._naming import BOUND_ATTR, METRIC_NAME, NPROC_ATTR, objective_label
+from tuner._signals import deferred, stop_on_signals, stop_reason
 from tuner.fleet import StaleTrials, enqueue_warm_start, heartbeat
 from tuner.insight import best_trial, save_study_note
 from tuner.pipeline import PipelineModel
@@ -75,7 +78,7 @@ def run_study(config: StudyConfig) -> StudyResult:
     written to stdout: the caller prints the summary (``tuner.insight.print_summary``).
     ``dataloader-tuner study`` and :func:`tuner.tune` both run this.
     """
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), stop_on_signals():
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         # We run the heartbeat ourselves around ask/tell (see tuner.fleet), which Optuna cannot
         # see.
@@ -141,7 +144,7 @@ def _run(config: StudyConfig) -> StudyResult:
         "trials": marks[2] - marks[1],  # with the early-stop checks' re-measurements
         "re-measuring": marks[3] - marks[2],
     }
-    with storage_lock(config.storage, prepared.study_name):
+    with storage_lock(config.storage, prepared.study_name), deferred():
         with_retry(lambda: record_phases(study, phases), "recording the phases' time")
         with_retry(lambda: save_study_note(study), "writing the study note")
     best = best_trial(study)
@@ -160,14 +163,17 @@ def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:
         )
         created = "profile" not in study.user_attrs
         if created:
-            study.set_metric_names([METRIC_NAME])
-            study.set_user_attr("profile", dataclasses.asdict(prepared.profile))
-            study.set_user_attr("workload", prepared.workload.description or prepared.workload.name)
-            study.set_user_attr("objective", config.objective)
-            study.set_user_attr(BATCH_PARAM_ATTR, prepared.workload.batch_param)
-            study.set_user_attr("workload_options", config.objective_options)
-            study.set_user_attr("tuner_version", __version__)
-            study.set_user_attr(NPROC_ATTR, prepared.nproc_per_node)
+            with deferred():  # all of a new study's attrs, or none of them
+                study.set_metric_names([METRIC_NAME])
+                study.set_user_attr("profile", dataclasses.asdict(prepared.profile))
+                study.set_user_attr(
+                    "workload", prepared.workload.description or prepared.workload.name
+                )
+                study.set_user_attr("objective", config.objective)
+                study.set_user_attr(BATCH_PARAM_ATTR, prepared.workload.batch_param)
+                study.set_user_attr("workload_options", config.objective_options)
+                study.set_user_attr("tuner_version", __version__)
+                study.set_user_attr(NPROC_ATTR, prepared.nproc_per_node)
         _check_same_objective(prepared, study)
         stored_options = study.user_attrs.get("workload_options", {})
         if stored_options != config.objective_options:
@@ -236,9 +242,10 @@ def _enqueue_first_trials(
     model: PipelineModel | None,
 ) -> None:
     """The baselines, the model's seeds (under ``--sampler model``), then the warm start from
-    similar profiles: once per study, under the lock."""
+    similar profiles: once per study, under the lock, all of them or (a stop signal deferred
+    until they are queued) none."""
     config = prepared.config
-    with storage_lock(config.storage, prepared.study_name):
+    with storage_lock(config.storage, prepared.study_name), deferred():
         if enqueue_baselines(
             study, space, prepared.fingerprint.physical_cores, prepared.nproc_per_node
         ):
@@ -326,12 +333,20 @@ def _run_one(
                 f"study {prepared.study_name} was tuned with another search space ({error}); "
                 "use the same flags or another --study-name"
             ) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM (tuner._signals)
             # The supervisor has killed the child; leave no RUNNING trial behind.
-            trial.set_user_attr("error", "interrupted")
-            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            _fail_stopped(study, trial, stop_reason(stop))
             raise
     return outcome.state, outcome.reason
+
+
+def _fail_stopped(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+    """Fail a trial a stop signal cut short, with ``reason``; one told before it stays as told."""
+    try:
+        trial.set_user_attr("error", reason)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return
+    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
 def _ask(

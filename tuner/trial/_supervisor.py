@@ -12,7 +12,9 @@ Contract:
   it and reaped here, not left as zombies;
 * every process of the trial dies with the study process itself, within milliseconds: see
   :mod:`tuner._lifeline` for how the forkserver, the child and its workers are tied to it;
-* the supervisor runs the guard between messages; the guard never kills, the supervisor does.
+* the supervisor runs the guard between messages; the guard never kills, the supervisor does;
+* an exception out of the watch (Ctrl-C, SIGTERM: :mod:`tuner._signals`) kills the child at once,
+  and a stop signal during the kill waits until it is done.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import psutil
 
 from tuner._lifeline import start_forkserver
+from tuner._signals import deferred
 from tuner.machine import process_tree
 from tuner.trial._guard import Breach, MemoryGuard
 from tuner.trial._outcome import TrialOutcome, classify_exit
@@ -155,22 +158,27 @@ class Supervisor:
         receiver, sender = context.Pipe(duplex=False)
         job = job if job.cwd else job.replace(cwd=os.getcwd())
         process = context.Process(target=run_child, args=(sender, job, os.getpid()), daemon=False)
-        process.start()
-        sender.close()
-        assert process.pid is not None
-        pid = process.pid
-        self.guard.start(pid, expected_peak_bytes)
-        self._partial = {}
-        if telemetry is not None:
-            telemetry.start(time.monotonic())
         known: dict[int, psutil.Process] = {}
+        watched = False
         try:
+            with deferred():  # a child that starts is a child the sweep below knows
+                process.start()
+            sender.close()
+            assert process.pid is not None
+            self.guard.start(process.pid, expected_peak_bytes)
+            self._partial = {}
+            if telemetry is not None:
+                telemetry.start(time.monotonic())
             outcome = self._watch(
                 process, receiver, deadline_s, known, on_progress, on_message, telemetry
             )
+            watched = True
         finally:
-            receiver.close()
-            self._sweep(process, pid, known)
+            with deferred():  # no stop signal, first or second, cuts the kill short
+                receiver.close()
+                sender.close()
+                # Stopped by an exception (a signal): the child is mid-trial, kill it at once.
+                self._sweep(process, known, join_s=5.0 if watched else 0.0)
         outcome.attrs.update(with_own_peak(self.guard.peaks(), outcome.attrs))
         return outcome
 
@@ -221,11 +229,16 @@ class Supervisor:
     def _sweep(
         self,
         process: multiprocessing.process.BaseProcess,
-        pid: int,
         known: dict[int, psutil.Process],
+        join_s: float,
     ) -> None:
-        """Leave nothing behind: join the child, kill what of its tree still runs, reap all."""
-        process.join(timeout=5.0)
+        """Leave nothing behind: give the child ``join_s`` to end, kill what of its tree still
+        runs, reap all."""
+        pid = process.pid
+        if pid is None:  # never started
+            self.guard.stop()
+            return
+        process.join(timeout=join_s)
         for member in process_tree(pid):
             known.setdefault(member.pid, member)
         leftovers = [p for p in known.values() if p.is_running()]
