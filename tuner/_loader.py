@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -163,9 +164,25 @@ def local_world_size() -> int:
 def clamp_to_rank_share(
     settings: LoaderSettings, profile: Profile, ranks: int, state: MachineState
 ) -> LoaderSettings:
-    """A 1-rank optimum fitted to one of ``ranks`` ranks: the machine's usable CPUs and memory
-    shared out among the ranks (:func:`clamp_to_machine` on that share), and no more workers
-    or intra-op threads than the rank's share of the CPUs."""
+    """A 1-rank optimum fitted to one of ``ranks`` ranks.
+
+    The node keeps the workers the 1-rank study measured (fitted to this machine by
+    :func:`clamp_to_machine`), shared out among the ranks, so an I/O-bound optimum of many
+    workers keeps its total and a CPU-bound one ends near the rank's share of the cores; each
+    rank gets no more intra-op threads than its share of the CPUs, and a prefetch fitted to its
+    share of the memory.
+
+    Args:
+        settings: the 1-rank study's optimum.
+        profile: the hardware profile that study ran on.
+        ranks: the ranks on this node (torchrun's ``LOCAL_WORLD_SIZE``).
+        state: this machine now.
+
+    Returns:
+        The setting one rank applies.
+    """
+    whole = clamp_to_machine(settings, profile.vcpus, profile.memory_bytes, state)
+    workers = math.floor(whole.num_workers / ranks + 0.5) or min(whole.num_workers, 1)
     cpus = max(1, state.usable_cpus // ranks)
     share = dataclasses.replace(
         state,
@@ -173,10 +190,8 @@ def clamp_to_rank_share(
         available_memory_bytes=state.available_memory_bytes // ranks,
         total_memory_bytes=state.total_memory_bytes // ranks,
     )
-    fitted = clamp_to_machine(settings, profile.vcpus, profile.memory_bytes, share)
-    if fitted.num_workers > cpus:
-        fitted = dataclasses.replace(fitted, num_workers=cpus)
-    return fitted
+    per_rank = dataclasses.replace(whole, num_workers=workers)
+    return clamp_to_machine(per_rank, cpus, profile.memory_bytes, share)
 
 
 def rank_best_setting(

@@ -233,6 +233,22 @@ def test_a_one_rank_optimum_is_clamped_to_the_ranks_share() -> None:
     assert shared.prefetch_factor == 1  # a quarter of the memory each
 
 
+def test_an_io_bound_one_rank_optimum_keeps_its_workers_across_the_ranks() -> None:
+    """Many workers waiting on storage are the 1-rank study's finding on a 2-CPU box: 2 ranks
+    share them out (32 each, the node's 64 as measured) rather than cut them to a CPU each."""
+    from tuner._loader import MachineState, clamp_to_rank_share
+    from tuner.machine import Profile
+    from tuner.search import LoaderSettings
+
+    gib = 2**30
+    optimum = LoaderSettings(
+        batch=32, num_workers=64, prefetch_factor=2, persistent_workers=True, torch_num_threads=2
+    )
+    profile = Profile(name="box", vcpus=2, memory_bytes=16 * gib)
+    shared = clamp_to_rank_share(optimum, profile, 2, MachineState(2, 0.5, 15 * gib, 16 * gib))
+    assert (shared.num_workers, shared.torch_num_threads) == (32, 1)
+
+
 RANK_SCRIPT = """
 import json, os, warnings
 import tuner
