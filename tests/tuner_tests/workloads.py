@@ -214,9 +214,10 @@ def _one_batch_size(name: str, dataset: Dataset, batch: int = 8) -> Workload:
 
 
 def short_epochs() -> Workload:
-    """256 samples at one batch size: an epoch lasts milliseconds, so starting the workers again
-    each epoch costs a material share of it, and ``persistent_workers`` can change the result."""
-    return _one_batch_size("short_epochs", Vectors(size=256), batch=16)
+    """256 samples of 5 ms each at one batch size: workers pay, and an epoch of 16 batches lasts
+    a fraction of a second, so starting its workers again each epoch costs a material share of
+    it: ``persistent_workers`` can change the result."""
+    return _one_batch_size("short_epochs", Slow(size=256), batch=16)
 
 
 def leaky() -> Workload:
