@@ -6,8 +6,9 @@ values alike). Study user attrs: ``batch_param`` (the workload's batch parameter
 ``remeasured_samples_per_sec`` (trial number, as text, -> the median of its fresh selection
 rounds), ``best_trial_number`` (the re-measured winner), ``holdout_samples_per_sec`` (trial
 number, as text, -> the rounds of the hold-out after the pick: the pick's and the baselines',
-side by side, none of which chose it) and ``phase_seconds`` (the last run's wall time per
-phase). Readers take Optuna's ``FrozenTrial`` or a live ``Trial`` alike: both expose
+side by side, none of which chose it), ``phase_seconds`` (the last run's wall time per
+phase) and ``loader_defaults_kept`` (loader knob -> why the pick keeps the model's default).
+Readers take Optuna's ``FrozenTrial`` or a live ``Trial`` alike: both expose
 ``user_attrs``.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 
 import optuna
 
-from tuner._naming import REMEASURED_ATTR, SETTINGS_ATTR
+from tuner._naming import LOADER_DEFAULTS_KEPT_ATTR, REMEASURED_ATTR, SETTINGS_ATTR
 from tuner.search import LoaderSettings
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
     "SETTINGS_ATTR",
     "has_settings",
     "holdout",
+    "loader_defaults_kept",
     "phase_seconds",
+    "record_loader_defaults_kept",
     "record_phases",
     "record_remeasured",
     "remeasured",
@@ -127,3 +130,15 @@ def phase_seconds(study: optuna.Study) -> dict[str, float]:
     """The last run's wall time per phase, in the order it ran them (empty where not recorded)."""
     stored = study.user_attrs.get(PHASES_ATTR) or {}
     return {str(name): float(s) for name, s in stored.items()}
+
+
+def record_loader_defaults_kept(study: optuna.Study, reasons: Mapping[str, str]) -> None:
+    """Record which loader knobs the pick keeps at the model's default, and why (see
+    :data:`~tuner._naming.LOADER_DEFAULTS_KEPT_ATTR`); empty where none or not the model's."""
+    study.set_user_attr(LOADER_DEFAULTS_KEPT_ATTR, {str(k): str(v) for k, v in reasons.items()})
+
+
+def loader_defaults_kept(user_attrs: Mapping[str, Any]) -> dict[str, str]:
+    """Knob -> why the pick keeps its default (empty where the study recorded none)."""
+    stored = user_attrs.get(LOADER_DEFAULTS_KEPT_ATTR) or {}
+    return {str(name): str(why) for name, why in stored.items()}

@@ -9,6 +9,7 @@ __all__ = [
     "BASELINE_RULE_OF_THUMB",
     "BOUND_ATTR",
     "CEILING_ATTR",
+    "LOADER_DEFAULTS_KEPT_ATTR",
     "MEMORY_REASONS",
     "METRIC_NAME",
     "NPROC_ATTR",
@@ -38,6 +39,10 @@ CEILING_ATTR = "ceiling_samples_per_sec"
 """Study user attr: the step alone on prepared data, the most any DataLoader setting can reach."""
 BOUND_ATTR = "bound_samples_per_sec"
 """Study user attr: the pipeline model's bound, the most this machine can deliver."""
+LOADER_DEFAULTS_KEPT_ATTR = "loader_defaults_kept"
+"""Study user attr, under ``--sampler model``: each loader knob (``persistent_workers``,
+``prefetch_factor``, ``pin_memory``) the pick runs at the model's default without a trial of
+the other value, -> why (it cannot change the rate here, or the study ended first)."""
 STEP_RATES_ATTR = "step_samples_per_sec"
 """Ceiling child result: threads -> batch -> the step's samples/sec (the profile keeps it)."""
 STEP_CPU_ATTR = "step_cpu_s_per_sample"

@@ -14,6 +14,7 @@ import torch
 
 from storage import open_artifact_store
 from tests.tuner_tests.test_report import add_measured_trial, build_measured_study, starving
+from tuner._attrs import record_loader_defaults_kept, record_remeasured, settings_attrs
 from tuner._naming import (
     BASELINE_PYTORCH_DEFAULT,
     BASELINE_RULE_OF_THUMB,
@@ -121,3 +122,14 @@ def test_the_note_says_why_optunas_best_is_another_trial(tmp_path: Path) -> None
 def test_the_note_says_nothing_of_optuna_when_they_agree(measured: optuna.Study) -> None:
     assert optuna_best(measured).number == best_trial(measured).number
     assert "Optuna's own best trial" not in study_note(measured)
+
+
+def test_the_note_says_which_loader_knobs_kept_their_defaults() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    settings = LoaderSettings(batch=64, num_workers=2, prefetch_factor=2, persistent_workers=True)
+    study.add_trial(optuna.trial.create_trial(value=100.0, user_attrs=settings_attrs(settings)))
+    record_remeasured(study, {0: 100.0}, 0)
+    assert "Left at defaults" not in study_note(study)
+    record_loader_defaults_kept(study, {"pin_memory": "CPU"})
+    assert "\nLeft at defaults: pin_memory (CPU).\n" in study_note(study)

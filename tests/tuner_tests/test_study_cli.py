@@ -19,6 +19,7 @@ from tests.conftest import best_cli, run_cli, study_cli
 from tuner.machine import auto_profile_name, detect_fingerprint
 
 FAST = "tests.tuner_tests.workloads:fast"
+SHORT_EPOCHS = "tests.tuner_tests.workloads:short_epochs"
 QUICK = ["--remeasure-rounds", "1"]
 GP = ["--sampler", "gp"]
 """For tests that count trials: every one asked for runs (the default ``model`` strategy ends a
@@ -313,9 +314,11 @@ def test_the_default_strategy_profiles_seeds_and_bounds_a_storage_study(tmp_path
     # model's corrected picks and the best's neighbours, one at a time.
     seeds = [t.user_attrs.get("model_seed") for t in trials[3:]]
     proposed = seeds[1:] if seeds[:1] == ["within-cores"] else seeds
-    assert proposed and set(proposed) <= {"corrected", "neighbour"}
+    assert proposed and all(
+        why in ("corrected", "neighbour") or why.startswith("knob:") for why in proposed
+    )
     for trial in trials[3:]:
-        if trial.user_attrs.get("model_seed") in ("corrected", "neighbour"):
+        if trial.user_attrs.get("model_seed") != "within-cores":
             assert trial.user_attrs["corrected_samples_per_sec"] > 0
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     bound = attrs["bound_samples_per_sec"]
@@ -357,3 +360,27 @@ def test_the_printed_figure_is_the_hold_out_median(tmp_path: Path) -> None:
     assert "time: set-up " in result.stdout and ", re-measuring " in result.stdout
     as_json = json.loads(best_cli(f"sqlite:///{db}", objective, "--format", "json").stdout)
     assert as_json["samples_per_sec"] == median and as_json["holdout_rounds"] == rounds
+
+
+@pytest.mark.slow
+def test_the_default_strategy_measures_persistence_where_epochs_are_short(tmp_path: Path) -> None:
+    """Epochs of a fraction of a second against the workers' start: the model's best is measured
+    without persistent workers too, beside its twin; the summary names the loader knobs the
+    pick left at their defaults, and why."""
+    db = tmp_path / "tuner.db"
+    flags = ["--n-trials", "16", "--seed", "0", "--fix", "torch_num_threads=1", *QUICK]
+    result = study_cli(f"sqlite:///{db}", SHORT_EPOCHS, *flags)
+    assert result.returncode == 0, result.stderr
+    study = _study(db, SHORT_EPOCHS)
+    assert study.user_attrs["pipeline_profile"]["fetch_burst_s"] >= 0
+    seeds = [t.user_attrs.get("model_seed") for t in study.trials]
+    knob = [t for t in study.trials if t.user_attrs.get("model_seed") == "knob:persistent_workers"]
+    assert len(knob) >= 1, seeds
+    assert knob[0].state == optuna.trial.TrialState.COMPLETE
+    settings = knob[0].user_attrs["settings"]
+    assert settings["persistent_workers"] is False and settings["num_workers"] > 0
+    twin = {**settings, "persistent_workers": True}
+    assert any(t.user_attrs.get("settings") == twin for t in study.trials[: knob[0].number])
+    kept = study.user_attrs["loader_defaults_kept"]
+    assert kept.get("pin_memory") == "CPU" and "persistent_workers" not in kept
+    assert "left at defaults: " in result.stdout and "pin_memory (CPU)" in result.stdout

@@ -7,8 +7,14 @@ import io
 
 import optuna
 
-from tuner._attrs import record_phases, record_remeasured, settings_attrs
+from tuner._attrs import (
+    record_loader_defaults_kept,
+    record_phases,
+    record_remeasured,
+    settings_attrs,
+)
 from tuner._naming import CEILING_ATTR
+from tuner.insight._pipeline import kept_defaults_line
 from tuner.insight._summary import print_summary
 from tuner.search._settings import LoaderSettings
 
@@ -126,3 +132,27 @@ def test_a_study_without_a_hold_out_reads_as_before() -> None:
     print_summary(_study_with_medians({0: 2365.2, 1: 2333.0, 2: 2229.8}, best=0), "batch", out)
     assert "best: trial 0, 2,365.2 samples/s\n" in out.getvalue()
     assert "hold-out" not in out.getvalue() and "time:" not in out.getvalue()
+
+
+def test_the_summary_prints_the_kept_defaults_in_one_line() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    settings = LoaderSettings(batch=64, num_workers=2, prefetch_factor=2, persistent_workers=True)
+    study.add_trial(optuna.trial.create_trial(value=100.0, user_attrs=settings_attrs(settings)))
+    record_remeasured(study, {0: 100.0}, 0)
+    out = io.StringIO()
+    print_summary(study, "batch_size", out)
+    assert "left at defaults" not in out.getvalue()  # a study that recorded none
+    reasons = {
+        "persistent_workers": "epochs take 40 s, 2 workers start in 20 ms",
+        "pin_memory": "CPU",
+    }
+    record_loader_defaults_kept(study, reasons)
+    line = (
+        "left at defaults: persistent_workers (epochs take 40 s, 2 workers start in 20 ms), "
+        "pin_memory (CPU)"
+    )
+    assert kept_defaults_line(study.user_attrs) == line
+    out = io.StringIO()
+    print_summary(study, "batch_size", out)
+    assert line in out.getvalue().splitlines()

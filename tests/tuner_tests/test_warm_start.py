@@ -6,8 +6,12 @@ from pathlib import Path
 import optuna
 import pytest
 
+from objectives import Workload
 from tests.conftest import run_cli
+from tests.tuner_tests.workloads import Vectors
+from tuner.fleet._warm_start import _adapted
 from tuner.machine import Profile, detect_fingerprint, scale_workers
+from tuner.search import LoaderSettings, SearchSpace
 
 FAST = "tests.tuner_tests.workloads:fast"
 QUICK = [
@@ -53,3 +57,21 @@ def test_workers_scale_with_the_cpu_count() -> None:
     assert scale_workers(6, 8, 4) == 3
     assert scale_workers(3, 4, 96) == 72
     assert Profile("x", 4, 2**34).gpu_summary() == "no GPU"
+
+
+def test_a_warm_start_is_bound_by_the_fixed_values() -> None:
+    """A stored best with 8 persistent workers at prefetch 4, queued into a study run with
+    ``--fix persistent_workers=false --fix prefetch_factor=2``, runs the user's values."""
+    workload = Workload(name="v", dataset=Vectors(size=512), batch_size_range=(8, 64))
+    space = SearchSpace(
+        workload=workload,
+        max_workers=16,
+        max_threads=2,
+        cuda=False,
+        fixed={"persistent_workers": False, "prefetch_factor": 2},
+    )
+    stored = LoaderSettings(batch=32, num_workers=8, prefetch_factor=4, persistent_workers=True)
+    box = Profile("box", 4, 2**34)
+    adapted = _adapted(stored, box, box, space)
+    assert adapted.num_workers == 8 and adapted.batch == 32
+    assert adapted.persistent_workers is False and adapted.prefetch_factor == 2

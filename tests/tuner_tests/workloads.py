@@ -1,5 +1,5 @@
-"""Small user-style workloads for the tuner's tests: fast, off the CPU, leaky, ramping, settling,
-hanging, raising, dying.
+"""Small user-style workloads for the tuner's tests: fast, off the CPU, stalling, short epochs,
+leaky, ramping, settling, hanging, raising, dying.
 
 They are real workloads (real datasets, real DataLoader workers); each misbehaves the way user
 code does in the field, so the supervisor and the guard are tested against the real thing.
@@ -42,6 +42,22 @@ class Slow(Vectors):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         time.sleep(0.005)
+        return super().__getitem__(index)
+
+
+class Stalling(Vectors):
+    """Every ``every``-th sample a process fetches waits ``stall_s`` first, as a storage hiccup
+    does: an uneven fetch, which a deeper prefetch queue can ride out."""
+
+    def __init__(self, every: int = 40, stall_s: float = 0.1, size: int = 512) -> None:
+        super().__init__(size=size)
+        self.every, self.stall_s = every, stall_s
+        self._fetched = 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        self._fetched += 1
+        if self._fetched % self.every == 0:
+            time.sleep(self.stall_s)
         return super().__getitem__(index)
 
 
@@ -202,6 +218,13 @@ def _one_batch_size(name: str, dataset: Dataset, batch: int = 8) -> Workload:
         default_batch_size=batch,
         batch_size_range=(batch, batch),
     )
+
+
+def short_epochs() -> Workload:
+    """256 samples of 5 ms each at one batch size: workers pay, and an epoch of 16 batches lasts
+    a fraction of a second, so starting its workers again each epoch costs a material share of
+    it: ``persistent_workers`` can change the result."""
+    return _one_batch_size("short_epochs", Slow(size=256), batch=16)
 
 
 def leaky() -> Workload:

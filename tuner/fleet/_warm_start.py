@@ -33,7 +33,7 @@ def _adapted(
     threads = max(1, min(space.max_threads, settings.torch_num_threads))
     knobs = {k: v for k, v in settings.knobs.items() if k in space.workload.knobs}
     knobs = {**space.workload.default_knobs, **knobs}
-    return space.settings(
+    adapted = space.settings(
         workers,
         space.clamp_batch(settings.batch),
         (settings.prefetch_factor or 2) if workers else None,
@@ -42,6 +42,7 @@ def _adapted(
         threads,
         knobs,
     )
+    return space.with_fixed(adapted)  # --fix binds a warm start as it binds every trial
 
 
 def enqueue_warm_start(

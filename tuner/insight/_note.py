@@ -21,7 +21,13 @@ from storage import with_retry
 from tuner._attrs import remeasured
 from tuner._naming import CEILING_ATTR
 from tuner.insight._best import BestSetting, optuna_best, study_best
-from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
+from tuner.insight._pipeline import (
+    bound_of,
+    kept_defaults_line,
+    model_error,
+    profile_line,
+    stored_profile,
+)
 from tuner.insight._snippet import extra_settings
 from tuner.insight._summary import efficiency, speedups, study_diagnosis
 
@@ -141,6 +147,9 @@ def _best_section(study: optuna.Study, chosen: BestSetting) -> list[str]:
         "```",
         "",
     ]
+    kept = kept_defaults_line(study.user_attrs)
+    if kept is not None:
+        lines += [kept[:1].upper() + kept[1:] + ".", ""]
     return lines
 
 

@@ -1,8 +1,9 @@
-"""The pipeline as users read it: the profile in one line, the bound, and where the model errs.
+"""The pipeline as users read it: the profile in one line, the bound, where the model errs, and
+the loader knobs the model's pick left at their defaults.
 
 Shared by the terminal summary, the dashboard note and the HTML report, so all three say the
-same. Reads only stored attrs: the study's ``pipeline_profile`` and ``bound_samples_per_sec``,
-each trial's ``predicted_samples_per_sec``.
+same. Reads only stored attrs: the study's ``pipeline_profile``, ``bound_samples_per_sec`` and
+``loader_defaults_kept``, each trial's ``predicted_samples_per_sec``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner._attrs import loader_defaults_kept
 from tuner._naming import BOUND_ATTR
 from tuner.pipeline import PipelineProfile, stored_profile
 
-__all__ = ["bound_of", "model_error", "profile_line", "stored_profile"]
+__all__ = ["bound_of", "kept_defaults_line", "model_error", "profile_line", "stored_profile"]
 
 
 def bound_of(user_attrs: Mapping[str, Any]) -> float | None:
@@ -58,3 +60,12 @@ def model_error(trials: Iterable[FrozenTrial]) -> tuple[float, int] | None:
         and "predicted_samples_per_sec" in t.user_attrs
     ]
     return (statistics.median(errors), len(errors)) if errors else None
+
+
+def kept_defaults_line(user_attrs: Mapping[str, Any]) -> str | None:
+    """``left at defaults: persistent_workers (epochs take 40 s, ...), pin_memory (CPU)``: the
+    loader knobs the model's pick runs at their defaults untried, and why; None where none."""
+    kept = loader_defaults_kept(user_attrs)
+    if not kept:
+        return None
+    return "left at defaults: " + ", ".join(f"{name} ({why})" for name, why in kept.items())

@@ -19,7 +19,13 @@ from tuner._naming import (
 from tuner.insight._best import best_trial, trial_throughput
 from tuner.insight._diagnosis import Diagnosis, diagnose_trial, more_workers_were_slower
 from tuner.insight._figure import trial_figure
-from tuner.insight._pipeline import bound_of, model_error, profile_line, stored_profile
+from tuner.insight._pipeline import (
+    bound_of,
+    kept_defaults_line,
+    model_error,
+    profile_line,
+    stored_profile,
+)
 from tuner.insight._snippet import dataloader_snippet
 from tuner.insight._table import format_table
 
@@ -167,6 +173,9 @@ def print_summary(
     settings = trial_settings(best)
     objective, options = study.user_attrs.get("objective"), study.user_attrs.get("workload_options")
     print("\n" + dataloader_snippet(settings, batch_param, objective, options), file=out)
+    kept = kept_defaults_line(study.user_attrs)
+    if kept is not None:
+        print(kept, file=out)
     diagnosis = study_diagnosis(study, best)
     if diagnosis is not None:
         print(f"\n{diagnosis.bottleneck}: {diagnosis.advice}", file=out)

@@ -282,9 +282,7 @@ def workers_needed(
     knobs = space.base_knobs if knobs is None else knobs
 
     def rate(workers: int) -> float:
-        settings = space.settings(
-            workers, batch, 2 if workers else None, workers > 0, False, threads, knobs
-        )
+        settings = candidate_setting(space, workers, batch, threads, knobs)
         return predict(profile, settings).ideal_samples_per_sec
 
     most = rate(HARD_MAX_WORKERS)
@@ -317,12 +315,19 @@ def _fixed_or(space: SearchSpace, name: str, values: Sequence[Any]) -> Sequence[
     return [space.fixed[name]] if name in space.fixed else values
 
 
+def _proposed_prefetch(space: SearchSpace) -> int:
+    """The ``prefetch_factor`` the model proposes: PyTorch's 2, or the user's fixed one."""
+    return int(space.fixed.get("prefetch_factor", 2))
+
+
 def candidate_setting(
     space: SearchSpace, workers: int, batch: int, threads: int, knobs: Mapping[str, Any]
 ) -> LoaderSettings:
-    """A setting the model proposes: prefetch 2 and persistent workers unless the user fixed
-    them (neither changes the steady rate; persistence saves each epoch's worker starts)."""
-    prefetch = space.fixed.get("prefetch_factor", 2) if workers else None
+    """A setting the model proposes: prefetch 2, persistent workers and pinning on CUDA unless
+    the user fixed them (none changes the steady rate; persistence saves each epoch's worker
+    starts). Where the profile says one can change the result, the strategy measures the other
+    value beside the best (:mod:`tuner.pipeline._knobs`)."""
+    prefetch = _proposed_prefetch(space) if workers else None
     persistent = bool(space.fixed.get("persistent_workers", True)) and workers > 0
     pin = bool(space.fixed.get("pin_memory", space.cuda))
     return space.settings(workers, batch, prefetch, persistent, pin, threads, knobs)
@@ -542,7 +547,8 @@ def worker_range(profile: PipelineProfile, space: SearchSpace, host_limit_bytes:
     best = predicted_best(profile, wide)
     needed = workers_needed(profile, space, best.batch, best.torch_num_threads, best.knobs)
     cores = max(1, math.ceil(profile.cores_per_rank))
-    memory = memory_max_workers(profile, host_limit_bytes, best.batch, 2, best.knobs)
+    prefetch = best.prefetch_factor or _proposed_prefetch(space)
+    memory = memory_max_workers(profile, host_limit_bytes, best.batch, prefetch, best.knobs)
     return max(1, min(2 * max(cores, needed), memory, HARD_MAX_WORKERS))
 
 
@@ -563,7 +569,9 @@ class PipelineModel:
         allows; the predicted best of ``space`` itself."""
         widest = max(
             (
-                memory_max_workers(profile, host_limit_bytes, batch, 2, knobs)
+                memory_max_workers(
+                    profile, host_limit_bytes, batch, _proposed_prefetch(space), knobs
+                )
                 for batch in space.batch_choices()
                 for knobs in space.knob_sets()
             ),

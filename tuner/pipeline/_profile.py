@@ -111,6 +111,10 @@ class PipelineProfile:
     """The workers of the real loader the ``loader_*`` figures come from (prefetch 2)."""
     step_peak_bytes: Mapping[int, float] = dataclasses.field(default_factory=dict)
     """Per batch value: the main process's peak with the step and no workers (the ceiling's)."""
+    fetch_burst_s: float | None = None
+    """The most one profiled batch's fetch took over its samples' share of the mean (seconds,
+    the run-queue wait left out): how uneven the fetch is, which a deeper prefetch queue can
+    absorb. None in a profile measured without it."""
     ranks: int = 1
     """Training processes per node (torchrun's ``--nproc-per-node``), each with its own
     DataLoader: they share ``usable_cores`` (:attr:`cores_per_rank`)."""

@@ -12,9 +12,11 @@ predicted of the nearest measured setting, and the search measures:
    around it);
 2. else the best measured setting's untried neighbours: one step along the worker ladder each
    way (always measured: the model's error grows with the worker count, so it cannot rule
-   these out), then, in order of corrected prediction, the batch value each side, the other
-   thread count, each other value of each workload knob; of these, those the corrected model
-   puts below :data:`NEIGHBOUR_FRACTION` of the best are ruled out unmeasured;
+   these out), then the best with each loader knob the profile says can change its rate set
+   the other way (``why`` ``knob:<name>``, :mod:`tuner.pipeline._knobs`), then, in order of
+   corrected prediction, the batch value each side, the other thread count, each other value
+   of each workload knob; of these last, those the corrected model puts below
+   :data:`NEIGHBOUR_FRACTION` of the best are ruled out unmeasured;
 3. else nothing: the best is a confirmed local optimum, and the study may stop.
 
 Candidates are :func:`~tuner.pipeline._model.candidate_setting`'s. Pure functions
@@ -28,6 +30,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
+from tuner.pipeline._knobs import untried_knob_steps
 from tuner.pipeline._model import (
     SettingKey,
     _fixed_or,
@@ -65,8 +68,9 @@ CORRECTION_RANGE = (0.2, 5.0)
 
 @dataclasses.dataclass(frozen=True)
 class Proposal:
-    """A setting to measure next and why: ``corrected`` (the corrected model expects more) or
-    ``neighbour`` (a neighbour of the best measured, not yet tried)."""
+    """A setting to measure next and why: ``corrected`` (the corrected model expects more),
+    ``neighbour`` (a neighbour of the best measured, not yet tried) or ``knob:<name>`` (the
+    best measured with that loader knob set the other way)."""
 
     settings: LoaderSettings
     why: str
@@ -171,6 +175,7 @@ def next_setting(
     proposed again."""
     if not measured:
         return None
+    pending = list(pending)
     tried = {setting_key(s) for s, _ in measured} | {setting_key(s) for s in pending}
     best, best_value = max(measured, key=lambda pair: pair[1])
     ratios = _ratios(profile, measured)
@@ -190,7 +195,14 @@ def next_setting(
     top = scored(_grid(space))
     if top and top[0][0] > IMPROVE_FRACTION * best_value:
         return Proposal(top[0][1], "corrected", top[0][0])
-    near = scored(worker_steps(space, best)) + [
+    steps = scored(worker_steps(space, best))
+    if steps:
+        return Proposal(steps[0][1], "neighbour", steps[0][0])
+    knob_trials = untried_knob_steps(profile, space, measured, pending)
+    if knob_trials:
+        knob, settings = knob_trials[0]
+        return Proposal(settings, f"knob:{knob}", corrected_prediction(profile, settings, ratios))
+    near = [
         pair
         for pair in scored(_other_neighbours(space, best))
         if pair[0] >= NEIGHBOUR_FRACTION * best_value

@@ -17,7 +17,12 @@ import optuna
 from optuna.trial import TrialState
 
 from storage import storage_lock
-from tuner._attrs import has_settings, remeasured, trial_settings
+from tuner._attrs import (
+    has_settings,
+    record_loader_defaults_kept,
+    remeasured,
+    trial_settings,
+)
 from tuner._naming import STEP_CPU_ATTR, STEP_PEAK_ATTR, STEP_RATES_ATTR, is_memory_reason
 from tuner.insight import best_trial, diagnose_trial, trial_throughput
 from tuner.pipeline import (
@@ -25,12 +30,14 @@ from tuner.pipeline import (
     PipelineModel,
     PipelineProfile,
     Proposal,
+    kept_defaults,
     memory_max_workers,
     model_seeds,
     next_setting,
     setting_key,
     store_profile,
     stored_profile,
+    untried_knob_steps,
     worker_range,
     worker_steps,
 )
@@ -51,6 +58,7 @@ __all__ = [
     "grow_worker_range",
     "model_space",
     "profile_pipeline",
+    "record_kept_defaults",
 ]
 
 _log = logging.getLogger("tuner")
@@ -59,8 +67,9 @@ _progress = logging.getLogger("tuner.run")
 WORKER_RANGE_ATTR = "num_workers_max"
 MODEL_SEED_ATTR = "model_seed"
 """Trial user attr on the trials the model chose: ``predicted-best`` and ``within-cores``
-(queued with the baselines, :func:`~tuner.pipeline.model_seeds`), then ``corrected`` or
-``neighbour`` (:func:`tuner.pipeline._refine.next_setting`)."""
+(queued with the baselines, :func:`~tuner.pipeline.model_seeds`), then ``corrected``,
+``neighbour`` or ``knob:<name>`` (a loader knob set the other way beside the best,
+:func:`~tuner.pipeline.next_setting`)."""
 
 CORRECTED_ATTR = "corrected_samples_per_sec"
 """Trial user attr: the corrected prediction that chose the trial (beside the model's own)."""
@@ -198,9 +207,24 @@ def bound_stop_candidate(
     if trial_throughput(best, remeasured(study)) >= BOUND_STOP_FRACTION * model.bound:
         tried = {setting_key(s) for s, _ in measured} | {setting_key(s) for s in other}
         steps = worker_steps(space, trial_settings(best))
-        if all(setting_key(step) in tried for step in steps):
+        knobs = untried_knob_steps(model.profile, space, measured, other)
+        if not knobs and all(setting_key(step) in tried for step in steps):
             return best
     return best if next_setting(model.profile, space, measured, other) is None else None
+
+
+def record_kept_defaults(study: optuna.Study, space: SearchSpace, model: PipelineModel) -> None:
+    """Record which loader knobs the study's pick keeps at the model's default and why
+    (:func:`~tuner.pipeline.kept_defaults`); the caller holds the study lock."""
+    best = best_trial(study)
+    if best is None or not has_settings(best):
+        return
+    measured, _ = _measurements(study)
+    value = trial_throughput(best, remeasured(study))
+    reasons = kept_defaults(
+        model.profile, space, trial_settings(best), value, [s for s, _ in measured]
+    )
+    record_loader_defaults_kept(study, reasons)
 
 
 def bound_stop_message(

@@ -34,10 +34,10 @@ N_STARTUP_TRIALS = 6
 SAMPLERS = ("model", "gp", "tpe", "random")
 MODEL_STRATEGY = "model"
 """``--sampler model``, the default: the pipeline model's predicted best, then its picks
-corrected by each measurement and the best's neighbours (:func:`tuner.pipeline.next_setting`),
-stopping once the best is near the bound or held against all its neighbours; ``gp`` asks only
-if the study goes on after that (a re-measured best that moved), or throughout where no model
-was built."""
+corrected by each measurement and the best's neighbours, the loader knobs the profile says can
+change the result among them (:func:`tuner.pipeline.next_setting`), stopping once the best is
+near the bound or held against all its neighbours; ``gp`` asks only if the study goes on after
+that (a re-measured best that moved), or throughout where no model was built."""
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -28,7 +28,13 @@ from tqdm import tqdm
 
 from storage import mask_url, storage_lock, with_retry
 from tuner import __version__
-from tuner._attrs import BATCH_PARAM_ATTR, record_phases, remeasured
+from tuner._attrs import (
+    BATCH_PARAM_ATTR,
+    loader_defaults_kept,
+    record_loader_defaults_kept,
+    record_phases,
+    remeasured,
+)
 from tuner._naming import BOUND_ATTR, METRIC_NAME, NPROC_ATTR, objective_label
 from tuner._signals import deferred, stop_on_signals, stop_reason
 from tuner.fleet import StaleTrials, enqueue_warm_start, heartbeat
@@ -146,9 +152,21 @@ def _run(config: StudyConfig) -> StudyResult:
     }
     with storage_lock(config.storage, prepared.study_name), deferred():
         with_retry(lambda: record_phases(study, phases), "recording the phases' time")
+        with_retry(lambda: _record_kept_defaults(config, study, space, model), "recording")
         with_retry(lambda: save_study_note(study), "writing the study note")
     best = best_trial(study)
     return StudyResult(study, trials_run, best, medians, space.batch_param)
+
+
+def _record_kept_defaults(
+    config: StudyConfig, study: optuna.Study, space: SearchSpace, model: PipelineModel | None
+) -> None:
+    """Under ``--sampler model``, which loader knobs the pick keeps at the model's default and
+    why; under another sampler, which samples them all, none."""
+    if model is not None and config.sampler == MODEL_STRATEGY:
+        _pipeline.record_kept_defaults(study, space, model)
+    elif loader_defaults_kept(study.user_attrs):
+        record_loader_defaults_kept(study, {})
 
 
 def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:

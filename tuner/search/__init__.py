@@ -24,9 +24,16 @@ from tuner.search._memory_model import (
 )
 from tuner.search._pruner import BelowBestPruner
 from tuner.search._settings import LoaderSettings
-from tuner.search._space import MAX_WORKERS, SearchSpace, SpaceError, optuna_params
+from tuner.search._space import (
+    MAX_PREFETCH_FACTOR,
+    MAX_WORKERS,
+    SearchSpace,
+    SpaceError,
+    optuna_params,
+)
 
 __all__ = [
+    "MAX_PREFETCH_FACTOR",
     "MAX_WORKERS",
     "OVER_LIMIT_FRACTION",
     "BelowBestPruner",

@@ -48,29 +48,11 @@ def baseline_settings(
     knobs = space.base_knobs
     threads = space.max_threads if ranks == 1 else 1
     workers = min(space.max_workers, rule_of_thumb_workers(physical_cores, ranks))
-    default = _fixed_over(space, _trained_with_today(space, batch, threads, knobs))
-    rule = _fixed_over(space, space.settings(workers, batch, 2, True, space.cuda, threads, knobs))
+    default = space.with_fixed(_trained_with_today(space, batch, threads, knobs))
+    rule = space.with_fixed(space.settings(workers, batch, 2, True, space.cuda, threads, knobs))
     if rule == default:
         return {BASELINE_PYTORCH_DEFAULT: default}
     return {BASELINE_PYTORCH_DEFAULT: default, BASELINE_RULE_OF_THUMB: rule}
-
-
-def _fixed_over(space: SearchSpace, settings: LoaderSettings) -> LoaderSettings:
-    """``settings`` with the space's ``--fix`` values in place of its own (knobs already are).
-
-    A worker count fixed above zero on a setting without workers takes PyTorch's
-    ``prefetch_factor=2`` and non-persistent workers unless those are fixed too.
-    """
-    fixed = space.fixed
-    return space.settings(
-        fixed.get("num_workers", settings.num_workers),
-        fixed.get(space.batch_param, settings.batch),
-        fixed.get("prefetch_factor", settings.prefetch_factor or 2),
-        fixed.get("persistent_workers", settings.persistent_workers),
-        fixed.get("pin_memory", settings.pin_memory),
-        fixed.get("torch_num_threads", settings.torch_num_threads),
-        settings.knobs,
-    )
 
 
 def _trained_with_today(

@@ -288,6 +288,25 @@ class SearchSpace:
             multiprocessing_context=self.multiprocessing_context if num_workers > 0 else None,
         )
 
+    def with_fixed(self, settings: LoaderSettings) -> LoaderSettings:
+        """``settings`` with the ``--fix`` values in place of its own: how a setting made
+        elsewhere (a baseline, a warm start) is bound as every sampled one is.
+
+        A worker count fixed above zero on a setting without workers takes PyTorch's
+        ``prefetch_factor=2`` and non-persistent workers unless those are fixed too.
+        """
+        fixed = self.fixed
+        knobs = {**settings.knobs, **{k: v for k, v in fixed.items() if k in self.workload.knobs}}
+        return self.settings(
+            fixed.get("num_workers", settings.num_workers),
+            fixed.get(self.batch_param, settings.batch),
+            fixed.get("prefetch_factor", settings.prefetch_factor or 2),
+            fixed.get("persistent_workers", settings.persistent_workers),
+            fixed.get("pin_memory", settings.pin_memory),
+            fixed.get("torch_num_threads", settings.torch_num_threads),
+            knobs,
+        )
+
     def params_for(self, settings: LoaderSettings) -> dict[str, Any]:
         """The Optuna params that reproduce ``settings`` (for ``enqueue_trial``)."""
         return optuna_params(settings, self.batch_param, self.cuda, self.fixed)

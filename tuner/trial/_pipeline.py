@@ -31,7 +31,7 @@ from tuner.search import LoaderSettings
 from tuner.trial._ceiling import step_batch
 from tuner.trial._measure import count_samples, synchronize
 
-__all__ = ["measure_pipeline", "samples_per_batch"]
+__all__ = ["fetch_burst_s", "measure_pipeline", "samples_per_batch"]
 
 STEP_WINDOW_S = 0.3
 """The window of the step's time per knob value: a ratio at one batch, not the ceiling."""
@@ -66,6 +66,7 @@ def _profile_worker(
     collates: list[float] = []
     dumps: list[float] = []
     loads: list[float] = []
+    fetched: list[tuple[int, float]] = []
     started = time.perf_counter()
     batch: Any = None
     for number, indices in enumerate(batches):
@@ -79,6 +80,8 @@ def _profile_worker(
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
             queued.append(_runqueue_s() - runqueue)
+        waits = zip(walls[-len(indices) :], queued[-len(indices) :], strict=True)
+        fetched.append((len(indices), sum(max(0.0, wall - queue) for wall, queue in waits)))
         batch = _collate_and_pass(collate, samples, collates, dumps, loads)
     memory = psutil.Process().memory_full_info()
     # The first batch pays first-touch costs (imports, caches); leave it out when there are more.
@@ -88,6 +91,7 @@ def _profile_worker(
             "fetch_wall_s": statistics.fmean(walls[first:]),
             "fetch_cpu_s": statistics.fmean(cpus[first:]),
             "fetch_runqueue_s": statistics.fmean(queued[first:]),
+            "fetch_burst_s": fetch_burst_s(fetched[1:] if first else fetched),
             "collate_s": statistics.median(collates[1:] or collates),
             "ipc_dump_s": statistics.median(dumps[1:] or dumps),
             "ipc_load_s": statistics.median(loads[1:] or loads),
@@ -100,6 +104,24 @@ def _profile_worker(
     # Plain pickle, not shared memory: this process exits before the batch is read.
     conn.send_bytes(pickle.dumps(batch))
     conn.close()
+
+
+def fetch_burst_s(batches: Sequence[tuple[int, float]]) -> float:
+    """The most one batch's fetch took over its samples' share of the mean fetch, in seconds
+    (0 for an even fetch): a stall a deeper prefetch queue can absorb.
+
+    Args:
+        batches: per batch fetched, its samples and their fetch time less the run-queue wait
+            (other work on the machine, not the workload's own unevenness).
+
+    Returns:
+        The largest excess, at least 0.
+    """
+    samples = sum(count for count, _ in batches)
+    if not samples:
+        return 0.0
+    mean = sum(seconds for _, seconds in batches) / samples
+    return max(0.0, max(seconds - count * mean for count, seconds in batches))
 
 
 def _collate_and_pass(

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from objectives import Workload, storage_workload
-from tests.tuner_tests.workloads import Vectors
+from tests.tuner_tests.workloads import Stalling, Vectors
 from tuner.pipeline import PipelineProfile
 from tuner.pipeline._profile import KNOB_COST_FIELDS, STEP_TIME_RATIO, knob_key
 from tuner.trial import _pipeline
@@ -33,6 +33,7 @@ def test_a_fetch_that_waits_on_storage_shows_its_wait_share() -> None:
     assert attrs["worker_start_s"] > 0 and attrs["dataset_samples"] == 256
     assert attrs["loader_worker_cpu_s"] >= 0 and attrs["loader_main_cpu_s"] >= 0
     assert 0 < attrs["worker_fork_bytes"] < attrs["worker_pss_bytes"]
+    assert attrs["fetch_burst_s"] >= 0
 
 
 def test_a_fetch_that_computes_has_no_wait_share() -> None:
@@ -41,6 +42,24 @@ def test_a_fetch_that_computes_has_no_wait_share() -> None:
     # On a shared machine part of the wall time is spent queued for a CPU: not an I/O wait.
     assert attrs["fetch_cpu_s"] + attrs["fetch_runqueue_s"] > 0.7 * attrs["fetch_wall_s"]
     assert attrs["collate_s"] > 0 and attrs["ipc_dump_s"] > 0 and attrs["ipc_load_s"] > 0
+
+
+def test_a_fetch_that_stalls_now_and_then_shows_its_burst() -> None:
+    """A 100 ms stall every 40th sample falls in at most every other batch of 16 after the
+    first: the slowest batch runs at least half a stall over the mean."""
+    workload = Workload(name="stalling", dataset=Stalling(every=40, stall_s=0.1))
+    attrs = measure_pipeline(workload, 16, CPU, [16], budget_s=0.2)
+    assert attrs["measured_samples"] >= 48  # the first stall, at the 40th, is in the third
+    assert attrs["fetch_burst_s"] >= 0.1 / 2 - 0.01
+    profile = PipelineProfile.from_attrs(
+        {
+            **attrs,
+            "usable_cores": 2.0,
+            "step_rates": {1: {16: 100.0}},
+            "step_cpu_s": {1: {16: 0.01}},
+        }
+    )
+    assert profile.fetch_burst_s == attrs["fetch_burst_s"]
 
 
 def test_a_batch_sampler_counts_its_epoch_mean() -> None:

@@ -51,10 +51,13 @@ def test_a_best_that_the_model_cannot_improve_gets_its_neighbours_measured() -> 
         proposal = next_setting(profile, space, measured)
         if proposal is None:
             break
-        assert proposal.why == "neighbour"
-        key = setting_key(proposal.settings)
-        assert key not in seen
-        seen.add(key)
+        if proposal.why.startswith("knob:"):  # the best with a loader knob set the other way
+            assert setting_key(proposal.settings) == setting_key(best)
+        else:
+            assert proposal.why == "neighbour"
+            key = setting_key(proposal.settings)
+            assert key not in seen
+            seen.add(key)
         # Measured a little slower than the best: the best holds.
         measured.append((proposal.settings, 0.97 * measured[0][1]))
     else:
