@@ -9,6 +9,9 @@ intra-op threads on ``c`` cores (the usable cores over the ranks that share them
 * the workers produce at most ``w / (fetch_wall + collate + ipc_dump)`` (a worker waiting on
   storage holds no core, so ``w`` may exceed ``c``); an epoch of ``B`` batches takes
   ``ceil(B / w)`` batch fetches, so workers beyond an epoch's batches add nothing;
+* nor faster than the cores they hold allow their CPU (:func:`_worker_rate`): at most ``c``,
+  less what the scheduler's fair share gives the main process while it runs, so past the
+  cores a worker adds time-slicing, not throughput;
 * the main process consumes at most ``1 / (1 / step_rate(t, b) + ipc_load + transfer)``;
 * everything shares the cores: ``rate * (fetch_cpu + collate + ipc_dump + ipc_load + transfer
   + step_cpu(t, b)) <= c``, with the CPU a real DataLoader spends per sample where it exceeds
@@ -154,6 +157,38 @@ def _costs(profile: PipelineProfile) -> tuple[float, float, float]:
     return produce_s, worker_cpu, main_cpu
 
 
+def _main_busy(step_rate: float, step_cpu: float, main_cpu: float) -> float:
+    """The cores the main process keeps busy while it steps flat out: its CPU per sample over
+    its wall per sample (next to nothing for a step off the CPU)."""
+    wall = 1 / step_rate + main_cpu
+    return (step_cpu + main_cpu) / wall if wall > 0 else 0.0
+
+
+def _worker_rate(
+    cores: float, workers: float, produce_s: float, worker_cpu: float, main: tuple[float, float]
+) -> float:
+    """The most samples/s ``workers`` compute on the cores they hold beside the main process.
+
+    ``main`` is the main process's (CPU per sample, cores busy while it runs). Each worker is
+    runnable for its CPU share of its wall time. While the main process runs, and the runnable
+    workers and it outnumber the cores, the scheduler shares the cores out in proportion (CFS's
+    fair share), so the workers give up ``lost`` of the ``held`` cores they hold otherwise. At
+    rate ``r`` the main process runs ``r x main_cpu / main_busy`` of the time (at most all of
+    it), so the workers hold ``held - lost x`` that share; the ``r`` those cores make is the
+    answer. Past the cores a worker adds time-slicing, not throughput: it only takes a larger
+    share from a main process that runs, and one whose step is off the CPU seldom does.
+    """
+    main_cpu, main_busy = main
+    demand = workers * (min(1.0, worker_cpu / produce_s) if produce_s > 0 else 1.0)
+    held = min(demand, cores)
+    worker_cpu = max(1e-12, worker_cpu)
+    if demand + main_busy <= cores or main_busy <= 0:
+        return held / worker_cpu
+    lost = held - cores * demand / (demand + main_busy)
+    part_time = held / (worker_cpu + main_cpu * lost / main_busy)  # the main runs part of it
+    return max(part_time, (held - lost) / worker_cpu)  # the main runs all the time
+
+
 def predict(profile: PipelineProfile, settings: LoaderSettings) -> Prediction:
     """Predicted samples/sec of ``settings`` for the node, from the profile alone (rates over
     one epoch), with its knobs' own costs where they were profiled: under
@@ -191,7 +226,13 @@ def _rank_prediction(profile: PipelineProfile, settings: LoaderSettings) -> Pred
     # ceil(batches / workers) rounds of one batch each, so workers beyond an epoch's batches
     # wait idle, and the first batch of each epoch is fetched before anything flows.
     batches = max(1, math.ceil(epoch / samples))
-    producer = epoch / (math.ceil(batches / workers) * samples * produce_s)
+    rounds = math.ceil(batches / workers)
+    producer = epoch / (rounds * samples * produce_s)
+    # Nor faster than the cores they hold: past the cores a worker adds time-slicing, not
+    # throughput (``batches / rounds``: the workers fetching at once, on average over an epoch).
+    main = (step_cpu + main_cpu, _main_busy(step_rate, step_cpu, main_cpu))
+    held_rate = _worker_rate(profile.cores_per_rank, batches / rounds, produce_s, worker_cpu, main)
+    producer = min(producer, held_rate)
 
     def consumer_and_cpu(contended: bool) -> tuple[float, float]:
         stall = THREAD_STALL_S / samples if contended and threads > 1 else 0.0

@@ -351,11 +351,37 @@ def test_a_step_off_the_cpu_leaves_the_cores_to_the_workers() -> None:
     assert two.cpu == pytest.approx(one.cpu, rel=0.01)
     assert not two.contended and cores_demanded(profile, _settings(space, 2, threads=2)) > 2
     assert one.cpu == pytest.approx(2 / 0.005, rel=0.01)  # the cores, all of them decoding
-    # The pick gives the workers every core and the main process one thread.
+    # By hand: a worker decodes 200 samples/s (5 ms of CPU each), 2 cores at most 400/s however
+    # many workers share them, and the step takes 1,280/s; the best is 2 workers, 1 thread.
+    rates = {w: predict(profile, _settings(space, w)) for w in (1, 2, 3, 4, 8)}
+    assert rates[1].producer == pytest.approx(200, rel=0.01)
+    for workers in (2, 3, 4, 8):
+        assert rates[workers].producer == pytest.approx(400, rel=0.01)  # not workers x 200
+    assert rates[2].ideal_samples_per_sec == pytest.approx(400, rel=0.01)
+    for workers in (3, 4, 8):  # past the cores: time-slicing, not throughput
+        assert rates[workers].samples_per_sec <= 1.001 * rates[2].samples_per_sec
     best = predicted_best(profile, space)
-    assert best.torch_num_threads == 1
-    assert best.num_workers >= profile.usable_cores
+    assert (best.num_workers, best.torch_num_threads) == (2, 1)
     assert [why for why, _ in model_seeds(profile, space)] == ["predicted-best"]
+
+
+def test_workers_past_the_cores_take_them_from_a_main_process_that_computes() -> None:
+    # The same workers beside a step that computes (2 ms of CPU a sample on its one thread):
+    # the scheduler shares the cores among whatever is runnable, so each worker past the cores
+    # takes a little more of them from the step while it runs, and all of them together no
+    # more than the cores; a step off the CPU seldom runs, so there is next to nothing to take.
+    computing = _profile(
+        fetch_wall_s=0.005,
+        fetch_cpu_s=0.005,
+        step_rates={1: {b: 500.0 for b in BATCHES}, 2: {b: 800.0 for b in BATCHES}},
+        step_cpu_s={1: {b: 1 / 500 for b in BATCHES}, 2: {b: 2 / 800 for b in BATCHES}},
+    )
+    idle, space = _off_cpu(), _space()
+    two, four, eight = (predict(computing, _settings(space, w)).producer for w in (2, 4, 8))
+    assert two < four < eight < 2 / 0.005
+    assert predict(idle, _settings(space, 8)).producer == pytest.approx(
+        predict(idle, _settings(space, 2)).producer, rel=0.005
+    )
 
 
 def test_an_idle_thread_loses_a_tie() -> None:
