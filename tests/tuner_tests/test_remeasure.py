@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from optuna.trial import create_trial
+from optuna.trial import FrozenTrial, create_trial
 
 from tuner.run._remeasure import (
     RACE_MARGIN,
+    Remeasurement,
     contenders,
     fill_rounds,
     hold_out,
+    pick_and_hold_out,
     pick_best,
     race,
     race_rounds,
@@ -128,9 +130,9 @@ def _fake(values: dict[int, float]) -> tuple[Callable[[int], float | None], list
 
 
 def _before(values: dict[int, float], baselines: set[int], rounds: int) -> int:
-    """The measurements the re-measurement took before the hold-out, on a steady machine: every
-    candidate ``rounds`` rounds, a baseline one more only while within the margin, then the
-    race (counted by hand from that code, for comparison)."""
+    """The measurements a re-measurement without contenders or hold-out took, on a steady
+    machine: every candidate and baseline ``rounds`` rounds, a baseline one more only while
+    within the margin, then the race (counted by hand from that flow, for comparison)."""
     leader = max(values[n] for n in values)
     close = {n for n in values if values[n] >= (1 - RACE_MARGIN) * leader}
     count = len(values) + (rounds - 1) * len(
@@ -140,55 +142,86 @@ def _before(values: dict[int, float], baselines: set[int], rounds: int) -> int:
     return count + (race_rounds(rounds) * len(racers) if len(racers) > 1 else 0)
 
 
-def _study_remeasure(values: dict[int, float], baselines: set[int], rounds: int) -> list[int]:
-    """What :func:`tuner.run._remeasure.remeasure` asks for, without a runner: the selection
-    of the contenders, then the hold-out; returns the measured trial numbers in order."""
+def _trials(values: dict[int, float], baselines: set[int]) -> list[FrozenTrial]:
+    """Complete trials numbered as ``values``' keys, each with its window."""
     trials = [
         create_trial(value=values[n], user_attrs={"baseline": "b"} if n in baselines else {})
         for n in values
     ]
-    for number, trial in enumerate(trials):
+    for number, trial in zip(values, trials, strict=True):
         trial.number = number
+    return trials
+
+
+def _study_remeasure(
+    values: dict[int, float], baselines: set[int], rounds: int
+) -> tuple[list[int], Remeasurement]:
+    """What :func:`tuner.run._remeasure.remeasure` asks for, without a runner, each trial
+    reading its window every round: the measured trial numbers in order, and the outcome."""
     measure, asked = _fake(values)
-    runs: dict[int, list[float]] = {t.number: [] for t in contenders(trials)}
-    pick = select(runs, measure, rounds)
-    assert pick is not None
-    hold_out(pick, sorted(baselines), measure, rounds)
-    return asked
+    taken = pick_and_hold_out(_trials(values, baselines), measure, rounds)
+    assert taken is not None
+    return asked, taken
 
 
 def test_a_clear_decision_costs_fewer_measurements_than_before() -> None:
     # Three candidates, the leader 20% and 30% ahead; two baselines far behind.
     values = {0: 1000.0, 1: 800.0, 2: 700.0, 3: 400.0, 4: 300.0}
     for rounds in (2, 3):
-        asked = _study_remeasure(values, {3, 4}, rounds)
+        asked, taken = _study_remeasure(values, {3, 4}, rounds)
         # One selection round of the three candidates; the hold-out: the pick's rounds and one
         # round of each baseline, which is far behind after it.
         assert asked == [0, 1, 2] + [0, 3, 4] + [0] * (rounds - 1)
+        assert taken.pick == 0 and taken.selection == {0: [1000.0], 1: [800.0], 2: [700.0]}
         assert len(asked) < _before(values, {3, 4}, rounds)  # 7 < 8 at 2 rounds, 8 < 11 at 3
 
 
 def test_an_open_decision_races() -> None:
     # 0 and 1 are within the margin of each other; 2 is out after one round.
     values = {0: 1000.0, 1: 950.0, 2: 600.0, 3: 400.0}
-    asked = _study_remeasure(values, {3}, 2)
+    asked, taken = _study_remeasure(values, {3}, 2)
     selection = asked[: asked.index(3) - 1]  # before the hold-out's first round (the pick)
     assert selection.count(0) == selection.count(1) == 2 + race_rounds(2)
     assert selection.count(2) == 1
     assert asked[len(selection) :] == [0, 3, 0]
+    assert taken.held == {0: [1000.0] * 2, 3: [400.0]}
 
 
 def test_a_baseline_within_the_margin_contends_and_stays_in_the_hold_out() -> None:
     values = {0: 1000.0, 1: 700.0, 2: 950.0}  # 2: a baseline as fast as the best candidate
-    trials = [create_trial(value=values[n]) for n in (0, 1)]
-    trials.append(create_trial(value=values[2], user_attrs={"baseline": "b"}))
-    for number, trial in enumerate(trials):
-        trial.number = number
+    trials = _trials(values, {2})
     assert [t.number for t in contenders(trials)] == [0, 1, 2]
     measure, asked = _fake(values)
     held = hold_out(0, [2], measure, 3)
     assert held == {0: [1000.0] * 3, 2: [950.0] * 3}  # close: its speedup needs every round
     assert asked == [0, 2, 0, 2, 0, 2]
+
+
+def test_a_check_s_rounds_are_filled_up_but_never_the_pick_s_figure() -> None:
+    """An early-stop check's rounds of the leader count in the selection, not in its figure:
+    the study stopped because they were high."""
+    values = {0: 1000.0, 1: 950.0}
+    measure, asked = _fake(values)
+    taken_before = {0: [1100.0, 1090.0]}
+    taken = pick_and_hold_out(_trials(values, set()), measure, 2, taken_before)
+    assert taken is not None and taken.pick == 0
+    assert asked.count(1) == 2 + race_rounds(2) and asked.count(0) == race_rounds(2) + 2
+    assert taken.held == {0: [1000.0, 1000.0]}
+    assert taken_before[0][:2] == [1100.0, 1090.0] and taken_before[1][:2] == [950.0, 950.0]
+
+
+def test_the_study_s_rounds_per_part() -> None:
+    """The account of a 12-trial image study's re-measurement, in rounds (each a trial child
+    and a window): two baselines far behind, ``--remeasure-rounds 2``."""
+    cases = {
+        "clear leader": ({0: 1000.0, 1: 800.0, 2: 700.0}, (3, 4)),
+        "two close": ({0: 1000.0, 1: 950.0, 2: 700.0}, (3 + 2 + 2, 4)),
+        "three close": ({0: 1000.0, 1: 950.0, 2: 920.0}, (3 + 3 + 3, 4)),
+    }
+    for values, (selection, held) in cases.values():
+        asked, taken = _study_remeasure({**values, 3: 500.0, 4: 400.0}, {3, 4}, 2)
+        assert len(asked) == selection + held
+        assert sum(len(v) for v in taken.held.values()) == held
 
 
 def test_a_lone_candidate_is_picked_without_a_selection_round() -> None:
