@@ -7,9 +7,9 @@ values alike). Study user attrs: ``batch_param`` (the workload's batch parameter
 rounds), ``best_trial_number`` (the re-measured winner), ``holdout_samples_per_sec`` (trial
 number, as text, -> the rounds of the hold-out after the pick: the pick's and the baselines',
 side by side, none of which chose it), ``phase_seconds`` (the last run's wall time per
-phase) and ``loader_defaults_kept`` (loader knob -> why the pick keeps the model's default).
-Readers take Optuna's ``FrozenTrial`` or a live ``Trial`` alike: both expose
-``user_attrs``.
+phase), ``phase_children`` (the trial children each phase started) and
+``loader_defaults_kept`` (loader knob -> why the pick keeps the model's default). Readers take
+Optuna's ``FrozenTrial`` or a live ``Trial`` alike: both expose ``user_attrs``.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ __all__ = [
     "BEST_TRIAL_ATTR",
     "HOLDOUT_ATTR",
     "PHASES_ATTR",
+    "PHASE_CHILDREN_ATTR",
     "SETTINGS_ATTR",
     "has_settings",
     "holdout",
     "loader_defaults_kept",
+    "phase_children",
     "phase_seconds",
     "record_loader_defaults_kept",
     "record_phases",
@@ -47,6 +49,7 @@ BATCH_PARAM_ATTR = "batch_param"
 BEST_TRIAL_ATTR = "best_trial_number"
 HOLDOUT_ATTR = "holdout_samples_per_sec"
 PHASES_ATTR = "phase_seconds"
+PHASE_CHILDREN_ATTR = "phase_children"
 
 
 class _HasUserAttrs(Protocol):
@@ -121,9 +124,15 @@ def record_remeasured(
     study.set_user_attr(BEST_TRIAL_ATTR, best)
 
 
-def record_phases(study: optuna.Study, seconds: Mapping[str, float]) -> None:
-    """Record this run's wall time per phase (``set-up``, ``trials``, ``re-measuring``)."""
+def record_phases(
+    study: optuna.Study, seconds: Mapping[str, float], children: Mapping[str, int] | None = None
+) -> None:
+    """Record this run's wall time per phase (``set-up``, ``trials``, ``re-measuring``) and the
+    trial children each started (``children``: each a measurement window, a ceiling, a probe
+    or a pipeline profile; a trial answered from the study starts none)."""
     study.set_user_attr(PHASES_ATTR, {name: round(float(s), 1) for name, s in seconds.items()})
+    if children is not None:
+        study.set_user_attr(PHASE_CHILDREN_ATTR, {name: int(n) for name, n in children.items()})
 
 
 def phase_seconds(study: optuna.Study) -> dict[str, float]:
@@ -142,3 +151,9 @@ def loader_defaults_kept(user_attrs: Mapping[str, Any]) -> dict[str, str]:
     """Knob -> why the pick keeps its default (empty where the study recorded none)."""
     stored = user_attrs.get(LOADER_DEFAULTS_KEPT_ATTR) or {}
     return {str(name): str(why) for name, why in stored.items()}
+
+
+def phase_children(study: optuna.Study) -> dict[str, int]:
+    """The last run's trial children started per phase (empty where not recorded)."""
+    stored = study.user_attrs.get(PHASE_CHILDREN_ATTR) or {}
+    return {str(name): int(n) for name, n in stored.items()}

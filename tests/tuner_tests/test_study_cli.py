@@ -358,6 +358,13 @@ def test_the_printed_figure_is_the_hold_out_median(tmp_path: Path) -> None:
         ratio = median / statistics.median(held[default.number])
         assert f"{ratio:.2f}x over pytorch-default" in result.stdout
     assert "time: set-up " in result.stdout and ", re-measuring " in result.stdout
+    # Each phase's trial children: a trial answered from the study starts none; the final
+    # re-measurement at least the hold-out's rounds (and the selection's, where it had one).
+    children = study.user_attrs["phase_children"]
+    assert children["set-up"] >= 2  # the ceiling and the pipeline profile
+    assert children["trials"] >= sum("repeat_of" not in t.user_attrs for t in trials)
+    assert children["re-measuring"] >= sum(len(values) for values in held.values())
+    assert f"({children['re-measuring']} runs)" in result.stdout
     as_json = json.loads(best_cli(f"sqlite:///{db}", objective, "--format", "json").stdout)
     assert as_json["samples_per_sec"] == median and as_json["holdout_rounds"] == rounds
 

@@ -124,7 +124,13 @@ def test_the_phases_time_is_one_line() -> None:
     record_phases(study, {"set-up": 12.04, "trials": 80.4, "re-measuring": 20.0})
     out = io.StringIO()
     print_summary(study, "batch_size", out)
-    assert "time: set-up 12 s, trials 80 s, re-measuring 20 s" in out.getvalue()
+    assert "time: set-up 12 s, trials 80 s, re-measuring 20 s\n" in out.getvalue()
+    children = {"set-up": 2, "trials": 11, "re-measuring": 1}
+    record_phases(study, {"set-up": 12.04, "trials": 80.4, "re-measuring": 20.0}, children)
+    out = io.StringIO()
+    print_summary(study, "batch_size", out)
+    line = "time: set-up 12 s (2 runs), trials 80 s (11 runs), re-measuring 20 s (1 run)"
+    assert line in out.getvalue()
 
 
 def test_a_study_without_a_hold_out_reads_as_before() -> None:

@@ -111,7 +111,7 @@ def no_result_message(study: optuna.Study) -> str:
 
 
 def _run(config: StudyConfig) -> StudyResult:
-    started = time.monotonic()
+    clock = _PhaseClock(time.monotonic())
     prepared = prepare(config)
     study, created = _create_or_resume(prepared)
     _log.info(
@@ -132,9 +132,9 @@ def _run(config: StudyConfig) -> StudyResult:
         runner = make_runner(prepared, tools, space, ceiling, model)
         _enqueue_first_trials(prepared, study, space, model)
         study = _with_sampler(prepared, study)
-        marks = [started, time.monotonic()]
+        clock.end("set-up", tools.supervisor)
         trials_run = _run_trials(prepared, study, runner)
-        marks.append(time.monotonic())
+        clock.end("trials", tools.supervisor)  # with the early-stop checks' re-measurements
         medians = remeasure(
             study,
             runner,
@@ -144,14 +144,12 @@ def _run(config: StudyConfig) -> StudyResult:
             sys.stderr,
             config.progress,
         )
-        marks.append(time.monotonic())
-    phases = {
-        "set-up": marks[1] - marks[0],
-        "trials": marks[2] - marks[1],  # with the early-stop checks' re-measurements
-        "re-measuring": marks[3] - marks[2],
-    }
+        clock.end("re-measuring", tools.supervisor)
     with storage_lock(config.storage, prepared.study_name), deferred():
-        with_retry(lambda: record_phases(study, phases), "recording the phases' time")
+        with_retry(
+            lambda: record_phases(study, clock.seconds, clock.children),
+            "recording the phases' time",
+        )
         with_retry(lambda: _record_kept_defaults(config, study, space, model), "recording")
         with_retry(lambda: save_study_note(study), "writing the study note")
     best = best_trial(study)
@@ -167,6 +165,23 @@ def _record_kept_defaults(
         _pipeline.record_kept_defaults(study, space, model)
     elif loader_defaults_kept(study.user_attrs):
         record_loader_defaults_kept(study, {})
+
+
+class _PhaseClock:
+    """Each phase's wall time and the trial children it started, as the run ends one phase
+    and begins the next."""
+
+    def __init__(self, started: float) -> None:
+        self.seconds: dict[str, float] = {}
+        self.children: dict[str, int] = {}
+        self._since, self._children_before = started, 0
+
+    def end(self, phase: str, supervisor: Supervisor) -> None:
+        """End ``phase`` now; the next one starts here."""
+        now, started = time.monotonic(), supervisor.children_started
+        self.seconds[phase] = now - self._since
+        self.children[phase] = started - self._children_before
+        self._since, self._children_before = now, started
 
 
 def _create_or_resume(prepared: PreparedStudy) -> tuple[optuna.Study, bool]:

@@ -118,11 +118,16 @@ def kill_tree(pgid: int, known: list[psutil.Process], grace_s: float = 0.5) -> f
 
 
 class Supervisor:
-    """Starts trial children and watches them until each one ends."""
+    """Starts trial children and watches them until each one ends.
+
+    ``children_started`` counts the children :meth:`run` has started (each a measurement, a
+    probe, a ceiling or a pipeline profile): a study's account of where its time went.
+    """
 
     def __init__(self, guard: MemoryGuard, kill_grace_s: float = 0.5) -> None:
         self.guard = guard
         self.kill_grace_s = kill_grace_s
+        self.children_started = 0
         self._context: multiprocessing.context.ForkServerContext | None = None
         self._partial: dict[str, float] = {}
         _become_subreaper()
@@ -163,6 +168,7 @@ class Supervisor:
         try:
             with deferred():  # a child that starts is a child the sweep below knows
                 process.start()
+            self.children_started += 1
             sender.close()
             assert process.pid is not None
             self.guard.start(process.pid, expected_peak_bytes)
