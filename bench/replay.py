@@ -9,10 +9,14 @@ by default: about the machine floor ``bench.repeatability`` reports for a 1.5 s 
 The study runs as the tuner's does where it matters for the pick: the two baselines first, the
 strategy's sampler (``tuner.run.make_sampler``), its pruner (``make_pruner``: for ``tpe`` it
 is shown a noisier reading, as half a second into the window), a repeated setting answered with
-its twin's outcome, then the top candidates (``tuner.run._remeasure.final_candidates``)
-re-measured in fresh noisy rounds and picked by ``tuner.run._remeasure.race`` (its extra
-rounds the tuner's, or ``--race-rounds``; "race reads" counts them per study). The score is
-the pick's true value over the grid's best.
+its twin's outcome, then the tuner's final re-measurement
+(``tuner.run._remeasure.pick_and_hold_out``) in fresh noisy rounds: the top candidates and
+baselines (``final_candidates``), the selection among those within the margin of the leader
+(the race's extra rounds the tuner's, or ``--race-rounds``), then the hold-out of the pick and
+the baselines. The score is the pick's true value over the grid's best; "selection reads" and
+"hold-out reads" count the final re-measurement's rounds per study (a trial window each in the
+tuner), and "figure" is the pick's hold-out median over its true value (the printed figure's
+error: above 100% is the winner's curse).
 
 ``model`` (``--sampler model``), so a change to it is judged over 40 seeds in seconds rather
 than 2 in half an hour, runs the tuner's own steps on the profile the search run stored
@@ -53,7 +57,6 @@ from typing import Any, cast
 
 import optuna
 import torch.utils.data
-from optuna.trial import FrozenTrial
 from tqdm import tqdm
 
 from bench._harness import describe, markdown_table, settings_key
@@ -62,7 +65,7 @@ from tuner._attrs import has_settings, trial_settings
 from tuner.pipeline import PipelineModel, PipelineProfile, worker_range
 from tuner.pipeline._refine import _distance
 from tuner.run import SAMPLERS, StudyConfig, TrialRunner, _pipeline, make_pruner, make_sampler
-from tuner.run._remeasure import final_candidates, race, race_rounds
+from tuner.run._remeasure import final_candidates, pick_and_hold_out
 from tuner.run._samplers import MODEL_STRATEGY
 from tuner.run._study import _stop_near_bound
 from tuner.search import BelowBestPruner, LoaderSettings, SearchSpace, optuna_params
@@ -275,8 +278,55 @@ class StudyReplay:
     """Trials whose setting is not a grid point (measured as the nearest one)."""
     snapped_picks: int = 0
     """Budgets whose pick is not a grid point."""
-    raced: dict[int, int] = dataclasses.field(default_factory=dict)
-    """Per budget, the final race's measurements after the candidates' fresh rounds."""
+    selection_reads: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Per budget, the final selection's measurements."""
+    holdout_reads: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Per budget, the hold-out's measurements (the pick's and the baselines')."""
+    figures: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Per budget, the pick's hold-out median over its true value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _FinalPick:
+    """The final re-measurement of one replayed study: the pick and what it cost."""
+
+    settings: LoaderSettings
+    figure: float
+    selection_reads: int
+    holdout_reads: int
+
+
+def _final_pick(
+    study: optuna.Study,
+    read: _Readings,
+    config: StudyConfig,
+    taken: Mapping[int, list[float]],
+    extra_rounds: int | None,
+) -> _FinalPick:
+    """The tuner's final re-measurement (``pick_and_hold_out``) on noisy readings; ``taken``:
+    the rounds the study's early-stop checks took, filled up as the tuner's runner does (copied:
+    each budget ends its own run)."""
+    candidates = final_candidates(study, config.remeasure_top)
+    by_number = {trial.number: trial for trial in candidates}
+    reads = 0
+
+    def measure(number: int) -> float:
+        nonlocal reads
+        reads += 1
+        return read(trial_settings(by_number[number]))
+
+    rounds = {number: list(values) for number, values in taken.items()}
+    outcome = pick_and_hold_out(candidates, measure, config.remeasure_rounds, rounds, extra_rounds)
+    assert outcome is not None  # a noisy reading never fails
+    pick = trial_settings(by_number[outcome.pick])
+    held = outcome.held[outcome.pick]
+    holdout_reads = sum(len(values) for values in outcome.held.values())
+    return _FinalPick(
+        pick,
+        statistics.median(held) / read.landscape.true_value(pick),
+        reads - holdout_reads,
+        holdout_reads,
+    )
 
 
 def replay_study(
@@ -335,7 +385,7 @@ def replay_study(
             raise optuna.TrialPruned()
         return value
 
-    done, stopped, score, snapped_pick, raced = 0, False, 0.0, False, 0
+    done, stopped, final = 0, False, None
     for budget in sorted(budgets):
         start = done
         if modelled is None:
@@ -347,33 +397,15 @@ def replay_study(
             study.optimize(objective, n_trials=1)
             done += 1
             stopped = _stop_near_bound(study, runner, config) is not None
-        if done > start or not result.scores:  # a stopped study keeps its pick
-            candidates = final_candidates(study, config.remeasure_top)
-            by_number = {trial.number: trial for trial in candidates}
-            runs = {
-                trial.number: [read(trial_settings(trial)) for _ in range(config.remeasure_rounds)]
-                for trial in candidates
-            }
-            raced = 0
-
-            def race_read(number: int, by_number: dict[int, FrozenTrial] = by_number) -> float:
-                nonlocal raced
-                raced += 1
-                return read(trial_settings(by_number[number]))
-
-            best = race(
-                runs,
-                race_read,
-                race_rounds(config.remeasure_rounds) if extra_rounds is None else extra_rounds,
-            )
-            picked = next(t for t in candidates if t.number == best)
-            pick = trial_settings(picked)
-            score = landscape.true_value(pick) / landscape.best
-            snapped_pick = not landscape.on_grid(pick)
-        result.scores[budget] = score
+        if done > start or final is None:  # a stopped study keeps its pick
+            taken = runner.rounds if modelled is not None else {}
+            final = _final_pick(study, read, config, taken, extra_rounds)
+        result.scores[budget] = landscape.true_value(final.settings) / landscape.best
         result.trials[budget] = done
-        result.raced[budget] = raced
-        result.snapped_picks += snapped_pick
+        result.selection_reads[budget] = final.selection_reads
+        result.holdout_reads[budget] = final.holdout_reads
+        result.figures[budget] = final.figure
+        result.snapped_picks += not landscape.on_grid(final.settings)
     return result
 
 
@@ -475,7 +507,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for strategy in strategies:
         scores: dict[int, list[float]] = {budget: [] for budget in budgets}
         trials: dict[int, list[int]] = {budget: [] for budget in budgets}
-        raced: dict[int, list[int]] = {budget: [] for budget in budgets}
+        reads: dict[str, dict[int, list[float]]] = {
+            name: {budget: [] for budget in budgets} for name in ("selection", "holdout", "figure")
+        }
         snapped_trials = snapped_picks = 0
         for seed in tqdm(range(args.seeds), desc=strategy, file=sys.stderr, leave=False):
             study = replay_study(
@@ -492,7 +526,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for budget in budgets:
                 scores[budget].append(study.scores[budget])
                 trials[budget].append(study.trials[budget])
-                raced[budget].append(study.raced[budget])
+                reads["selection"][budget].append(study.selection_reads[budget])
+                reads["holdout"][budget].append(study.holdout_reads[budget])
+                reads["figure"][budget].append(study.figures[budget])
             snapped_trials += study.snapped_trials
             snapped_picks += study.snapped_picks
         for budget in budgets:
@@ -506,7 +542,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{statistics.median(values):.1%}",
                     f"{statistics.quantiles(values, n=10)[0]:.1%}" if len(values) > 1 else "-",
                     f"{min(values):.1%}",
-                    f"{statistics.mean(raced[budget]):.1f}",
+                    f"{statistics.mean(reads['selection'][budget]):.1f}",
+                    f"{statistics.mean(reads['holdout'][budget]):.1f}",
+                    f"{statistics.median(reads['figure'][budget]):.1%}",
                 ]
             )
         if snapped_trials or snapped_picks:
@@ -525,7 +563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "median",
                 "10th pct",
                 "worst",
-                "race reads",
+                "selection reads",
+                "hold-out reads",
+                "figure",
             ],
             rows,
         )

@@ -13,6 +13,7 @@ import pytest
 from bench.replay import load, load_profile, main, model_setup, replay_study
 from tests.tuner_tests.pipeline.test_model import _profile as profile_like
 from tuner.pipeline import PipelineProfile, predict
+from tuner.run import StudyConfig
 from tuner.search._settings import LoaderSettings
 
 BATCHES = (16, 32, 64, 128)
@@ -239,6 +240,21 @@ def test_the_final_race_runs_as_many_extra_rounds_as_asked(results_file: Path) -
     without = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=0)
     one = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=1)
     two = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=2)
-    assert without.raced[20] == 0
-    assert 0 < one.raced[20] < two.raced[20]
+    assert 0 < without.selection_reads[20] < one.selection_reads[20] < two.selection_reads[20]
     assert without.scores == one.scores == two.scores  # nothing to resolve without noise
+    assert without.holdout_reads == one.holdout_reads == two.holdout_reads
+
+
+def test_the_final_re_measurement_is_the_tuner_s_selection_and_hold_out(
+    results_file: Path,
+) -> None:
+    """Without noise: contenders within the margin race, the pick's figure is its true value
+    from the hold-out's rounds, and each baseline far behind takes one hold-out round."""
+    landscape, baselines, _ = load(results_file)
+    study = replay_study(landscape, baselines, "random", 0, [20], 0.0)
+    assert study.figures[20] == 1.0
+    rounds = StudyConfig().remeasure_rounds
+    # The pick's rounds; the baselines (850 and 550 against at most 1,000) one round or all.
+    assert rounds + len(baselines) <= study.holdout_reads[20] <= rounds * (1 + len(baselines))
+    noisy = [replay_study(landscape, baselines, "random", s, [20], 0.1) for s in range(4)]
+    assert all(0.7 < replay.figures[20] < 1.3 for replay in noisy)
