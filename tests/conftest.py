@@ -25,6 +25,7 @@ import sqlalchemy
 
 from storage import mask_password
 from storage.testing import scratch_database
+from tests.cli_runner import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Hugging Face tests build models from configs
@@ -94,6 +95,26 @@ def run_cli(
     return _python(["-m", *args], cwd, env, timeout)
 
 
+@pytest.fixture(scope="session")
+def cli_runner() -> Iterator[CliRunner]:
+    """One pre-imported interpreter whose forked children run ``python -m`` commands."""
+    with CliRunner() as runner:
+        yield runner
+
+
+def forked_cli(
+    runner: CliRunner, *args: str, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m <args>`` as :func:`run_cli` runs it, in a child of ``runner``.
+
+    The same argv through the module's ``__main__``, exit code, stdout and stderr; what it
+    cannot show (the environment read at interpreter start or import) is in tests/cli_runner.py.
+    """
+    result = runner.run(list(args), cwd or ROOT, timeout=timeout)
+    _no_study_in_the_fast_path(list(args), result.returncode)
+    return result
+
+
 def run_python(
     code: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
@@ -113,13 +134,21 @@ def _python(
         text=True,
         timeout=timeout,
     )
-    # A study that got past its flags (exit 2 is a refused input) ran: the fast path
-    # (-m "not slow") must not hold it.
-    if argv[:2] == ["-m", "tuner.study"] and result.returncode != 2:
+    if argv[0] == "-m":
+        _no_study_in_the_fast_path(argv[1:], result.returncode)
+    return result
+
+
+def _no_study_in_the_fast_path(argv: list[str], returncode: int) -> None:
+    """Fail a test that ran a study unless it is marked ``slow``.
+
+    A study that got past its flags (exit 2 is a refused input) ran: the fast path
+    (-m "not slow") must not hold it.
+    """
+    if argv[:1] == ["tuner.study"] and returncode != 2:
         test = _running_test
         if test is not None and test.get_closest_marker("slow") is None:
             pytest.fail(f"{test.nodeid} runs a study: mark it @pytest.mark.slow")
-    return result
 
 
 QUICK_TRIALS = ("--trial-seconds", "0.4", "--warmup-seconds", "0.1", "--no-progress")

@@ -1,11 +1,17 @@
-"""Every kind of bad input, as a user meets it: the CLI in a subprocess, one line, the exit code,
-and the database as it was. Each case is a row of docs/bad-input.md.
+"""Every kind of bad input, as a user meets it: ``python -m tuner.<verb>`` with the user's argv, one
+line, the exit code, and the database as it was. Each case is a row of docs/bad-input.md.
+
+Each command runs as ``__main__`` in a child forked from one pre-imported interpreter
+(:class:`tests.cli_runner.CliRunner`: the same argv, exit code and stderr, without an interpreter
+start per row). Rows that set an environment of their own, and one row of each verb (``fresh``),
+run in a real ``python -m`` subprocess, so the path from interpreter start stays covered.
 
 Refused inputs (``REFUSED``) stop before anything is written: exactly one line on stderr, no
-traceback, exit code 2 (usage) or 1 (nothing to show), and the SQLite file holds the same rows
-as before (none, where there was none). Workloads that are wrong in the trial rather than in
-their spec (``FAILING``) cost their trials: each trial is FAIL with its ``error``, the study goes
-on to the end, and the run exits 1 with one last line saying that no trial finished.
+traceback, exit code 2 (usage) or 1 (nothing to show, and the line says how to make it), and the
+SQLite file holds the same rows as before (no file, where there was none). Workloads that are
+wrong in the trial rather than in their spec (``FAILING``) cost their trials: each trial is FAIL
+with its ``error``, the study goes on to the end, and the run exits 1 with one last line saying
+that no trial finished.
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -27,7 +32,8 @@ import pytest
 import sqlalchemy
 from tqdm import tqdm
 
-from tests.conftest import QUICK_TRIALS, ROOT, free_port
+from tests.cli_runner import CliRunner
+from tests.conftest import QUICK_TRIALS, ROOT, forked_cli, free_port, run_cli
 
 W = "tests.tuner_tests.workloads"
 PG = "postgresql+psycopg://{user}@127.0.0.1:5432/{database}"
@@ -49,6 +55,14 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
     locked: bool = False
     """Another process holds a write lock on the SQLite file while the CLI runs."""
+    fresh: bool = False
+    """Run in a fresh interpreter (a real ``python -m`` subprocess): the verb's row for the path
+    from interpreter start. A row with ``env`` always is: what it sets may be read at start or
+    at import (``PYTHONPATH``, ``TUNER_DB_RETRY_SECONDS``), which the runner did before it."""
+
+    @property
+    def in_fresh_interpreter(self) -> bool:
+        return self.fresh or bool(self.env)
 
 
 def study(*flags: str) -> tuple[str, ...]:
@@ -225,17 +239,17 @@ REFUSED = [
     Case(
         "lightning-combined-loaders",
         study("--objective", "tests.objectives_tests.lightning_script:combined_pair"),
-        "CombinedLoader",
+        "returned a CombinedLoader of loaders",
     ),
     Case(
         "lightning-no-optimizer",
         study("--objective", "tests.objectives_tests.lightning_script:no_optimizer_pair"),
-        "optimizer",
+        "NoOptimizer.configure_optimizers() returned no optimizer",
     ),
     Case(
         "hf-trainer-without-train-dataset",
         study("--objective", "tests.objectives_tests.hf_script:no_dataset"),
-        "train_dataset",
+        "the Trainer has no train_dataset",
     ),
     Case(
         "hf-streaming-dataset",
@@ -288,6 +302,7 @@ REFUSED = [
         ("tuner.best", "--hardware", "auto", "--storage", "{db}"),
         "no study",
         exit_code=1,
+        fresh=True,
     ),
     Case(
         "best-unknown-profile",
@@ -300,7 +315,13 @@ REFUSED = [
         ("tuner.best", "--hardware", "auto", "--storage", UNREACHABLE),
         "cannot reach storage",
     ),
-    Case("report-without-a-study", report("--out", "{tmp}/r.html"), "no study", exit_code=1),
+    Case(
+        "report-without-a-study",
+        report("--out", "{tmp}/r.html"),
+        "no study",
+        exit_code=1,
+        fresh=True,
+    ),
     Case("report-without-out", report(), "the following arguments are required: --out"),
     Case(
         "report-out-folder-missing",
@@ -323,6 +344,7 @@ REFUSED = [
         "dashboard-storage-unreachable",
         ("tuner.dashboard", "--storage", UNREACHABLE),
         "cannot reach storage",
+        fresh=True,
     ),
     Case("profiles-without-a-verb", ("tuner.profiles",), "required: verb"),
     Case("profiles-unknown-verb", ("tuner.profiles", "remove"), "invalid choice: 'remove'"),
@@ -342,6 +364,7 @@ REFUSED = [
         ("tuner.profiles", "detect", "--profiles", "{tmp}/profiles.json"),
         "not valid JSON",
         setup=_write("profiles.json", '{"box": {"vcpus": 4,'),
+        fresh=True,
     ),
 ]
 
@@ -374,19 +397,19 @@ def _postgres_up() -> bool:
     return True
 
 
-def _run(argv: list[str], tmp: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", *argv],
-        cwd=tmp,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _run_case(case: Case, tmp: Path, runner: CliRunner) -> subprocess.CompletedProcess[str]:
+    """The case's command as a user types it, in ``tmp``, while its lock (if any) is held."""
+    argv = _expand(case.argv, tmp)
+    with _write_lock_held(tmp / "tuner.db") if case.locked else contextlib.nullcontext():
+        if case.in_fresh_interpreter:
+            return run_cli(*argv, cwd=tmp, env=dict(case.env), timeout=300)
+        return forked_cli(runner, *argv, cwd=tmp)
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=[case.id for case in REFUSED])
-def test_bad_input_is_one_line_an_exit_code_and_nothing_written(case: Case, tmp_path: Path) -> None:
+def test_bad_input_is_one_line_an_exit_code_and_nothing_written(
+    case: Case, tmp_path: Path, cli_runner: CliRunner
+) -> None:
     if case.needs_postgres and not _postgres_up():
         if os.environ.get("CI"):
             pytest.fail("PostgreSQL is required in CI")
@@ -396,16 +419,17 @@ def test_bad_input_is_one_line_an_exit_code_and_nothing_written(case: Case, tmp_
     db = tmp_path / "tuner.db"
     before = _rows(db)
 
-    with _write_lock_held(db) if case.locked else contextlib.nullcontext():
-        result = _run(_expand(case.argv, tmp_path), tmp_path, dict(case.env))
+    result = _run_case(case, tmp_path, cli_runner)
 
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert "Traceback" not in result.stderr, result.stderr
     assert len(lines) == 1, result.stderr
     assert case.says in lines[0], lines[0]
     assert result.returncode == case.exit_code, result.stderr
+    if case.exit_code == 1:  # nothing to show: the line says how to make it
+        assert "create it with: dataloader-tuner study" in lines[0], lines[0]
     assert "s3cret" not in result.stderr
-    assert _rows(db) in (before, [] if before is None else before), "the database changed"
+    assert _rows(db) == before, "the database changed (or a file was created where none was)"
 
 
 @dataclass(frozen=True)
@@ -425,6 +449,12 @@ FAILING = [
 ]
 
 
+def test_every_verb_keeps_a_row_run_in_a_fresh_interpreter() -> None:
+    """The runner stands in for interpreter start; a real ``python -m`` of each verb checks it."""
+    verbs = {case.argv[0] for case in REFUSED}
+    assert {case.argv[0] for case in REFUSED if case.in_fresh_interpreter} == verbs
+
+
 def test_every_case_is_a_row_of_the_documented_table() -> None:
     table = (ROOT / "docs" / "bad-input.md").read_text()
     rows = {line.split("|")[1].strip(" `") for line in table.splitlines() if line.startswith("| `")}
@@ -439,7 +469,7 @@ def test_a_failing_workload_fails_its_trials_and_the_study_goes_on(
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     argv = _expand(study("--objective", case.objective, "--n-trials", "3"), tmp_path)
 
-    result = _run(argv, tmp_path, {})
+    result = run_cli(*argv, cwd=tmp_path, timeout=300)
 
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 1, result.stderr
@@ -468,14 +498,13 @@ def _shown(case: Case) -> str:
     return text.replace("{free_port}", "PORT")
 
 
-def _printed(case: Case) -> tuple[str, int]:
+def _printed(case: Case, runner: CliRunner) -> tuple[str, int]:
     """The last line the case prints and its exit code, run as the test runs it."""
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         if case.setup is not None:
             case.setup(tmp)
-        with _write_lock_held(tmp / "tuner.db") if case.locked else contextlib.nullcontext():
-            result = _run(_expand(case.argv, tmp), tmp, dict(case.env))
+        result = _run_case(case, tmp, runner)
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         return lines[-1].replace(str(tmp), "$TMP"), result.returncode
 
@@ -483,8 +512,9 @@ def _printed(case: Case) -> tuple[str, int]:
 def write_table(path: Path) -> None:
     """Run every case and write the table of what each printed."""
     refused = []
-    for case in tqdm(REFUSED, desc="bad input"):
-        line, code = _printed(case)
+    with CliRunner() as runner:
+        printed = [_printed(case, runner) for case in tqdm(REFUSED, desc="bad input")]
+    for case, (line, code) in zip(REFUSED, printed, strict=True):
         refused.append(f"| `{case.id}` | `python -m {case.argv[0]} {_cell(_shown(case))}` | ")
         refused[-1] += f"{_cell(line)} | {code} |"
     failing = [

@@ -132,16 +132,6 @@ def test_what_cannot_be_tuned_is_one_clear_line(attr: str, message: str) -> None
     assert "\n" not in str(caught.value)
 
 
-def test_the_cli_refuses_a_trainer_without_a_dataset_in_one_line(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    result = study_cli(url, f"{SCRIPT}:no_dataset", "--n-trials", "1")
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert len(lines) == 1 and "the Trainer has no train_dataset" in lines[0], result.stderr
-    assert not (tmp_path / "tuner.db").exists()
-
-
 def test_importing_the_tuner_does_not_import_transformers() -> None:
     code = (
         "import sys, objectives, tuner, tuner.best, tuner.integrations.huggingface\n"

@@ -143,22 +143,6 @@ def test_importing_objectives_and_loading_a_plain_workload_does_not_import_light
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize(
-    ("attr", "says"),
-    [
-        ("combined_pair", "returned a CombinedLoader of loaders"),
-        ("no_optimizer_pair", "NoOptimizer.configure_optimizers() returned no optimizer"),
-    ],
-)
-def test_the_cli_refuses_what_it_cannot_measure_in_one_line_before_any_trial(
-    attr: str, says: str, tmp_path: Path
-) -> None:
-    result = study_cli(f"sqlite:///{tmp_path / 't.db'}", f"{SCRIPT}:{attr}", "--n-trials", "1")
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert says in lines[0] and "Traceback" not in result.stderr
-
-
 @pytest.mark.slow
 def test_a_study_of_a_lightning_script_completes(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"

@@ -8,7 +8,8 @@ import optuna
 import pytest
 
 from storage.testing import served_proxy
-from tests.conftest import run_cli, study_cli
+from tests.cli_runner import CliRunner
+from tests.conftest import forked_cli, study_cli
 
 
 @pytest.mark.slow
@@ -22,6 +23,6 @@ def test_a_study_through_the_grpc_proxy(tmp_path: Path) -> None:
     assert len(summaries) == 1 and summaries[0].n_trials == 3
 
 
-def test_the_proxy_refuses_a_bad_storage(tmp_path: Path) -> None:
-    result = run_cli("storage.proxy", "--storage", "nonsense")
+def test_the_proxy_refuses_a_bad_storage(tmp_path: Path, cli_runner: CliRunner) -> None:
+    result = forked_cli(cli_runner, "storage.proxy", "--storage", "nonsense")
     assert result.returncode == 2 and "not a storage URL" in result.stderr

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import torch
 from torch.utils.data import default_collate
@@ -23,7 +24,7 @@ from torch.utils.data import default_collate
 import tuner
 from storage import open_storage
 from tests.conftest import best_cli, run_python, study_cli
-from tests.tuner_tests.test_note import remeasured_the_other_way
+from tests.tuner_tests.conftest import copy_of_sqlite_study
 from tests.tuner_tests.workloads import Vectors
 from tuner.dashboard import TunerBestStorage
 from tuner.fleet import stored_studies
@@ -191,10 +192,10 @@ def test_the_table_and_the_summary_name_the_same_best(image_study: str) -> None:
     assert f"torch.set_num_threads({setting.torch_num_threads})" in table.stdout
 
 
-def test_one_best_everywhere(tmp_path: Path) -> None:
+def test_one_best_everywhere(tmp_path: Path, remeasured_url: str) -> None:
     """Where Optuna's best is another trial, every reader still names the tuner's best."""
-    url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    study = remeasured_the_other_way(url)
+    url = copy_of_sqlite_study(remeasured_url, tmp_path)
+    study = optuna.load_study(study_name="remeasured@local-test", storage=url)
     study.set_user_attr("profile", {"name": "local-test", "vcpus": 2, "memory_bytes": 2**30})
     chosen = tuner.best_setting(objective="image", storage=url, study_name=study.study_name)
     theirs = optuna_best(study)

@@ -8,7 +8,8 @@ import argparse
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.cli_runner import CliRunner
+from tests.conftest import forked_cli
 from tuner import _cli_doc
 from tuner.cli import COMMANDS, verb_parser
 
@@ -45,11 +46,11 @@ def test_a_subcommand_is_the_verbs_own_parser(verb: str) -> None:
     assert ours == theirs
 
 
-def test_help_lists_the_subcommands_and_each_shows_its_defaults() -> None:
-    top = run_cli("tuner.cli", "--help")
+def test_help_lists_the_subcommands_and_each_shows_its_defaults(cli_runner: CliRunner) -> None:
+    top = forked_cli(cli_runner, "tuner.cli", "--help")
     assert top.returncode == 0, top.stderr
     assert all(verb in top.stdout for verb in COMMANDS)
-    study = run_cli("tuner.cli", "study", "--help")
+    study = forked_cli(cli_runner, "tuner.cli", "study", "--help")
     assert study.returncode == 0, study.stderr
     text = " ".join(study.stdout.split())  # help wraps with the terminal's width
     assert text.startswith("usage: dataloader-tuner study")
@@ -69,9 +70,9 @@ def test_help_lists_the_subcommands_and_each_shows_its_defaults() -> None:
     ],
 )
 def test_errors_are_one_line_named_after_the_command(
-    argv: list[str], says: str, tmp_path: object
+    argv: list[str], says: str, tmp_path: object, cli_runner: CliRunner
 ) -> None:
-    result = run_cli("tuner.cli", *argv, "--storage", f"sqlite:///{tmp_path}/t.db")
+    result = forked_cli(cli_runner, "tuner.cli", *argv, "--storage", f"sqlite:///{tmp_path}/t.db")
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and lines[0].startswith(f"dataloader-tuner {says}".replace(" :", ":"))

@@ -22,7 +22,6 @@ import optuna
 import pytest
 
 from tests.conftest import ROOT, free_port
-from tests.tuner_tests.test_note import remeasured_the_other_way
 from tuner.dashboard import TunerBestStorage
 from tuner.insight._best import optuna_best, study_best
 
@@ -33,10 +32,10 @@ def _get(url: str) -> Any:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, optuna.Study]]:
+def served(remeasured_url: str) -> Iterator[tuple[str, optuna.Study]]:
     """The real dashboard server on a study where Optuna's best and the tuner's differ."""
-    url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    study = remeasured_the_other_way(url)
+    url = remeasured_url
+    study = optuna.load_study(study_name="remeasured@local-test", storage=url)
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "tuner.dashboard", "--storage", url, "--port", str(port)],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import statistics
-from pathlib import Path
 
 import optuna
 import optuna_dashboard
@@ -50,9 +49,10 @@ def remeasured_the_other_way(url: str) -> optuna.Study:
     return study
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> optuna.Study:
-    return build_measured_study(f"sqlite:///{tmp_path_factory.mktemp('note') / 'tuner.db'}")
+@pytest.fixture
+def measured(measured_url: str) -> optuna.Study:
+    """The session's measured study (tests/tuner_tests/conftest.py), read only."""
+    return optuna.load_study(study_name="starving@local-test", storage=measured_url)
 
 
 def test_the_note_says_what_the_study_found(measured: optuna.Study) -> None:
@@ -106,8 +106,8 @@ def test_a_study_without_a_completed_trial_says_so(sqlite_url: str) -> None:
     assert "No trial has completed yet" in note
 
 
-def test_the_note_says_why_optunas_best_is_another_trial(tmp_path: Path) -> None:
-    study = remeasured_the_other_way(f"sqlite:///{tmp_path}/tuner.db")
+def test_the_note_says_why_optunas_best_is_another_trial(remeasured_url: str) -> None:
+    study = optuna.load_study(study_name="remeasured@local-test", storage=remeasured_url)
     chosen, theirs = study_best(study), optuna_best(study)
     assert chosen is not None and theirs is not None and chosen.trial_number != theirs.number
     note = study_note(study)

@@ -10,15 +10,16 @@ import torch
 from torch.utils.data import TensorDataset
 
 import tuner
-from tests.conftest import QUICK_TRIALS, run_cli
+from tests.cli_runner import CliRunner
+from tests.conftest import QUICK_TRIALS, forked_cli, run_cli
 from tuner.machine import Fingerprint, auto_profile_name, detect_fingerprint
 from tuner.machine._fingerprint import gpu_counts
 
 FAST = "tests.tuner_tests.workloads:fast"
 
 
-def test_detect_names_this_machine() -> None:
-    result = run_cli("tuner.profiles", "detect", "--format", "json")
+def test_detect_names_this_machine(cli_runner: CliRunner) -> None:
+    result = forked_cli(cli_runner, "tuner.profiles", "detect", "--format", "json")
     assert result.returncode == 0, result.stderr
     detected = json.loads(result.stdout)
     fingerprint = detect_fingerprint()
@@ -28,16 +29,22 @@ def test_detect_names_this_machine() -> None:
     assert "g4dn.xlarge" not in detected["matches"]  # this 2-core box is no g4dn.xlarge
 
 
-def test_detect_and_list_name_the_catalog_profile_auto_resolves_to(tmp_path: Path) -> None:
+def test_detect_and_list_name_the_catalog_profile_auto_resolves_to(
+    tmp_path: Path, cli_runner: CliRunner
+) -> None:
     catalog = _my_box(tmp_path)
-    detected = run_cli("tuner.profiles", "detect", "--profiles", str(catalog), "--format", "json")
+    detected = forked_cli(
+        cli_runner, "tuner.profiles", "detect", "--profiles", str(catalog), "--format", "json"
+    )
     assert detected.returncode == 0, detected.stderr
     facts = json.loads(detected.stdout)
     assert (facts["auto"], facts["matches"]) == ("my-box", ["my-box"])
-    table = run_cli("tuner.profiles", "detect", "--profiles", str(catalog))
+    table = forked_cli(cli_runner, "tuner.profiles", "detect", "--profiles", str(catalog))
     assert "--hardware auto (the default) names this machine my-box" in table.stdout
     storage = f"sqlite:///{tmp_path / 'none.db'}"
-    listed = run_cli("tuner.profiles", "list", "--profiles", str(catalog), "--storage", storage)
+    listed = forked_cli(
+        cli_runner, "tuner.profiles", "list", "--profiles", str(catalog), "--storage", storage
+    )
     assert "--hardware auto (the default) on this machine: my-box" in listed.stdout
 
 
@@ -93,9 +100,11 @@ def _gpus(fingerprint: Fingerprint) -> dict[str, object]:
     return {"gpu_count": count, "gpu_model": model}
 
 
-def test_list_and_show_without_a_database_create_nothing(tmp_path: Path) -> None:
+def test_list_and_show_without_a_database_create_nothing(
+    tmp_path: Path, cli_runner: CliRunner
+) -> None:
     storage = f"sqlite:///{tmp_path / 'none.db'}"
-    listed = run_cli("tuner.profiles", "list", "--storage", storage)
+    listed = forked_cli(cli_runner, "tuner.profiles", "list", "--storage", storage)
     assert listed.returncode == 0, listed.stderr
     for name in (
         "g4dn.xlarge",
@@ -106,21 +115,30 @@ def test_list_and_show_without_a_database_create_nothing(tmp_path: Path) -> None
         "g6.xlarge",
     ):
         assert name in listed.stdout
-    shown = run_cli(
-        "tuner.profiles", "show", "g4dn.xlarge", "--storage", storage, "--format", "json"
+    shown = forked_cli(
+        cli_runner,
+        "tuner.profiles",
+        "show",
+        "g4dn.xlarge",
+        "--storage",
+        storage,
+        "--format",
+        "json",
     )
     profile = json.loads(shown.stdout)["profile"]
     assert (profile["vcpus"], profile["gpu_count"], profile["gpu_model"]) == (4, 1, "t4")
     assert not (tmp_path / "none.db").exists()
 
 
-def test_unknown_profile_and_bad_catalog_are_usage_errors(tmp_path: Path) -> None:
-    unknown = run_cli(
-        "tuner.profiles", "show", "nope", "--storage", f"sqlite:///{tmp_path / 'x.db'}"
+def test_unknown_profile_and_bad_catalog_are_usage_errors(
+    tmp_path: Path, cli_runner: CliRunner
+) -> None:
+    unknown = forked_cli(
+        cli_runner, "tuner.profiles", "show", "nope", "--storage", f"sqlite:///{tmp_path / 'x.db'}"
     )
     assert unknown.returncode == 2 and "g4dn.xlarge" in unknown.stderr
     catalog = tmp_path / "bad.json"
     catalog.write_text("{not json")
-    bad = run_cli("tuner.profiles", "list", "--profiles", str(catalog))
+    bad = forked_cli(cli_runner, "tuner.profiles", "list", "--profiles", str(catalog))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

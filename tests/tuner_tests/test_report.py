@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader
 
 from objectives import Workload
 from storage import open_artifact_store, read_trial_text, upload_trial_csv
-from tests.conftest import run_cli
+from tests.cli_runner import CliRunner
+from tests.conftest import forked_cli
 from tests.tuner_tests.workloads import Vectors
 from tuner._cli import run_cli as run_main
 from tuner._naming import (
@@ -215,14 +216,6 @@ def build_measured_study(url: str, name: str = "starving@local-test") -> optuna.
     return study
 
 
-@pytest.fixture(scope="module")
-def measured_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """One measured study for the module's tests, which only read it."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('measured') / 'tuner.db'}"
-    build_measured_study(url)
-    return url
-
-
 def test_trials_carry_their_csv_artifacts(measured_url: str) -> None:
     study = optuna.load_study(study_name="starving@local-test", storage=measured_url)
     store = open_artifact_store(measured_url)
@@ -239,8 +232,9 @@ def test_trials_carry_their_csv_artifacts(measured_url: str) -> None:
     assert best.user_attrs["data_wait_fraction"] < baseline.user_attrs["data_wait_fraction"]
 
 
-def _report(tmp_path: Path, url: str, *extra: str) -> Any:
-    return run_cli(
+def _report(tmp_path: Path, url: str, runner: CliRunner, *extra: str) -> Any:
+    return forked_cli(
+        runner,
         "tuner.report",
         "--hardware",
         "auto",
@@ -254,9 +248,11 @@ def _report(tmp_path: Path, url: str, *extra: str) -> Any:
 
 
 @pytest.mark.browser
-def test_the_report_opens_offline_and_holds_its_plots(tmp_path: Path, measured_url: str) -> None:
+def test_the_report_opens_offline_and_holds_its_plots(
+    tmp_path: Path, measured_url: str, cli_runner: CliRunner
+) -> None:
     require_chromium()
-    result = _report(tmp_path, measured_url, "--study-name", "starving@local-test")
+    result = _report(tmp_path, measured_url, cli_runner, "--study-name", "starving@local-test")
     assert result.returncode == 0, result.stderr
     page_file = tmp_path / "report.html"
     text = page_file.read_text()

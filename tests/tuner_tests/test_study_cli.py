@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.conftest import best_cli, run_cli, study_cli
+from tests.conftest import best_cli, study_cli
 from tuner.machine import auto_profile_name, detect_fingerprint
 
 FAST = "tests.tuner_tests.workloads:fast"
@@ -152,14 +152,6 @@ def test_optunas_own_cli_reads_the_study(tuned: Path) -> None:
     )
     assert best.returncode == 0, best.stderr
     assert json.loads(best.stdout)["state"] == "COMPLETE"
-
-
-def test_no_study_is_exit_1_and_creates_nothing(tmp_path: Path) -> None:
-    db = tmp_path / "none.db"
-    result = run_cli("tuner.best", "--hardware", "auto", "--storage", f"sqlite:///{db}")
-    assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and "dataloader-tuner study" in result.stderr
-    assert not db.exists()
 
 
 USER_FILE = """

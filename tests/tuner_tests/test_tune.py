@@ -11,6 +11,7 @@ import pytest
 import tuner
 
 
+@pytest.mark.slow  # a whole study, in this process
 def test_tune_returns_the_best_setting_and_prints_nothing(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
