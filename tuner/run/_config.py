@@ -154,6 +154,20 @@ def resolve_nproc_per_node(requested: int | str, device: str) -> int:
     return ranks
 
 
+def _check_profile_ranks(profile: machine.Profile, requested: int | str) -> None:
+    """A GPU node trains one rank per GPU: a named profile with fewer GPUs than the ranks asked
+    for has no such training to tune (a profile without GPUs trains its ranks on the CPU)."""
+    try:
+        ranks = int(requested)
+    except ValueError:  # auto, or what resolve_nproc_per_node refuses in its own words
+        return
+    if 0 < profile.gpu_count < ranks:
+        raise ConfigError(
+            f"--nproc-per-node {ranks}: profile {profile.name} has {profile.gpu_count} GPU(s) "
+            "(one per rank)"
+        )
+
+
 def _check_shardable(workload: Workload, ranks: int) -> None:
     """More than one rank draws from shards of the dataset: refused where there are none."""
     error = shard_error(workload) if ranks > 1 else None
@@ -171,6 +185,7 @@ def _resolve_profile(config: StudyConfig, fingerprint: machine.Fingerprint) -> m
     """The profile ``--hardware`` names; a named one must match this machine."""
     catalog = machine.load_catalog(config.profiles_file)
     profile = machine.resolve_profile(config.hardware, catalog, fingerprint)
+    _check_profile_ranks(profile, config.nproc_per_node)
     differences = machine.profile_mismatches(profile, fingerprint)
     if differences and config.hardware != machine.AUTO_PROFILE:
         raise ConfigError(
