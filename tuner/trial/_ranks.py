@@ -246,7 +246,7 @@ def _receive(rank: _Rank) -> Failure | None:
 
 
 def _killed_peer(ranks: list[_Rank], failed: _Rank) -> Failure | None:
-    """The death of another rank that was killed (by the guard's kill, the OOM killer) within
+    """The death of another rank killed by a signal (the OOM killer's, a user's) within
     :data:`PEER_DEATH_S` of ``failed``'s error, or None: a rank that dies fails the others'
     collectives with connection errors, and the killing is what ended the trial."""
     others = [rank for rank in ranks if rank is not failed]
