@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# The GPU memory guard on a real CUDA machine: a study whose large batches cross a small
-# --gpu-memory-limit, then the trials' verdicts and tuner.best.
+# The tuner on a real CUDA machine, four checks in turn:
+#   1. the GPU memory guard: a 1-rank study (--nproc-per-node 1) of the image workload, which
+#      hands its model over, whose large batches cross a small --gpu-memory-limit; the trials'
+#      verdicts;
+#   2. the model under DDP in the ranks' path: one measurement in min(2, GPUs) real rank
+#      processes (NCCL, DistributedDataParallel with device_ids, cuda:LOCAL_RANK), each rank
+#      saying what it trained;
+#   3. CUDA_VISIBLE_DEVICES remapped (to the last GPU where there are several, by index and by
+#      GPU- UUID): the GPU the study's guard reads is the one the process's cuda:0 fills;
+#   4. tuner.best.
 #
 #   bash bench/gpu_check.sh                  # from the repository root
 #   OUT_DIR=/tmp/gpu-run PYTHON=python3.11 bash bench/gpu_check.sh
 #
-# Needs a Python whose torch has CUDA (checked first). The project is installed into a venv in
-# $OUT_DIR that sees that Python's packages (--system-site-packages), so torch is not reinstalled;
-# without network access, the install falls back to --no-deps (the dependencies must then be
-# importable already). The whole run is bounded to 7m45s.
+# Needs a Python whose torch has CUDA (checked first: without one it stops with exit 2). The
+# project is installed into a venv in $OUT_DIR that sees that Python's packages
+# (--system-site-packages), so torch is not reinstalled; without network access, the install
+# falls back to --no-deps (the dependencies must then be importable already). The whole run is
+# bounded to 9m30s; it exits non-zero when any check failed, and says which.
 set -euo pipefail
 
-LIMIT_S=${GPU_CHECK_LIMIT_S:-465}
+LIMIT_S=${GPU_CHECK_LIMIT_S:-570}
 if [[ -z "${GPU_CHECK_BOUNDED:-}" ]]; then
     export GPU_CHECK_BOUNDED=1
     exec timeout --kill-after=10 "$LIMIT_S" bash "$0" "$@"
@@ -47,14 +56,17 @@ if ! "$PY" -m pip install --quiet --disable-pip-version-check -e "$ROOT" 2>"$OUT
 fi
 "$PY" -c 'import torch, optuna, psutil, pynvml, tuner; assert torch.cuda.is_available()'
 
-echo "gpu_check: study with --gpu-memory-limit $GPU_LIMIT"
+failed=()
+
+echo "gpu_check: 1. a 1-rank study with --gpu-memory-limit $GPU_LIMIT"
 set +e
-timeout 330 "$PY" -m tuner.study --hardware auto --device cuda --objective image \
-    --n-trials 12 --trial-seconds 2 --gpu-memory-limit "$GPU_LIMIT" --no-progress \
-    --storage "$STORAGE" ${EXTRA_STUDY_FLAGS:-}
+timeout 300 "$PY" -m tuner.study --hardware auto --device cuda --objective image \
+    --nproc-per-node 1 --n-trials 12 --trial-seconds 2 --gpu-memory-limit "$GPU_LIMIT" \
+    --no-progress --storage "$STORAGE" ${EXTRA_STUDY_FLAGS:-}
 study_rc=$?
 set -e
 echo "gpu_check: tuner.study exited $study_rc"
+[[ $study_rc -eq 0 ]] || failed+=("1-rank study (exit $study_rc)")
 
 "$PY" - "$STORAGE" <<'EOF'
 import sys
@@ -96,6 +108,114 @@ for summary in optuna.get_all_study_summaries(storage):
 EOF
 
 echo
-echo "gpu_check: tuner.best"
+echo "gpu_check: 2. the model under DDP in the ranks' path"
+if ! timeout 90 "$PY" - <<'EOF'
+import multiprocessing
+import sys
+
+import torch
+import torch.distributed as dist
+
+from objectives import load_workload
+from tuner.search import LoaderSettings
+from tuner.trial import Job, Mode
+from tuner.trial._child import _measure_in
+from tuner.trial._protocol import Failure, Result
+from tuner.trial._ranks import run_ranks
+
+ranks = min(2, torch.cuda.device_count())  # asks NVML: CUDA stays uninitialised, ranks fork
+
+
+def measure_rank(conn, workload, job, device, before_window, stepping):
+    """The trial child's measurement, saying at the ranks' barrier what this rank trains."""
+
+    def meet():
+        module = stepping.__self__.module  # the rank's RankModel: its model under DDP
+        print(f"gpu_check: rank {dist.get_rank()} of {dist.get_world_size()} "
+              f"({dist.get_backend()}): {type(module).__name__} on {device}, "
+              f"device_ids {getattr(module, 'device_ids', None)}", flush=True)
+        before_window()
+
+    _measure_in(conn, workload, job, device, meet, stepping)
+
+
+settings = LoaderSettings(batch=64, num_workers=2, prefetch_factor=2, pin_memory=True,
+                          persistent_workers=True)
+job = Job(Mode.MEASURE, "image", {}, settings, "cuda:0", 3.0, 1.0, nproc_per_node=ranks)
+receiver, sender = multiprocessing.Pipe(duplex=False)
+run_ranks(sender, measure_rank, load_workload("image"), job)
+outcome = None
+while receiver.poll(0):
+    message = receiver.recv()
+    if isinstance(message, Result | Failure):
+        outcome = message
+if not isinstance(outcome, Result):
+    sys.exit(f"gpu_check: {ranks} DDP rank(s) failed: {outcome}")
+rates = ", ".join(f"{rate:,.0f}" for rate in outcome.attrs["rank_samples_per_sec"])
+print(f"gpu_check: {ranks} DDP rank(s): node {outcome.attrs['samples_per_sec']:,.0f} samples/s "
+      f"(ranks {rates})")
+EOF
+then
+    failed+=("DDP ranks")
+fi
+
+echo
+echo "gpu_check: 3. CUDA_VISIBLE_DEVICES remapped: the guard reads the GPU cuda:0 fills"
+mapfile -t remaps < <("$PY" -c '
+from tuner import machine
+devices = machine.open_gpu_reader().devices()
+last = devices[-1]  # with several GPUs, cuda:0 is then not NVML device 0
+print(last.index)
+if last.uuid:
+    print(last.uuid)
+')
+[[ ${#remaps[@]} -gt 0 ]] || failed+=("CUDA_VISIBLE_DEVICES remap (NVML lists no GPU)")
+for visible in "${remaps[@]}"; do
+    if ! CUDA_VISIBLE_DEVICES="$visible" OUT_DIR="$OUT_DIR" timeout 90 "$PY" - <<'EOF'
+import contextlib
+import os
+import sys
+
+import torch
+
+from tuner import machine
+from tuner.run import StudyConfig, prepare
+
+visible = os.environ["CUDA_VISIBLE_DEVICES"]
+GiB = 2**30
+with contextlib.closing(machine.open_gpu_reader()) as reader:
+    devices = reader.devices()
+    expected = next(d.index for d in devices if visible in (str(d.index), d.uuid))
+    storage = f"sqlite:///{os.environ['OUT_DIR']}/remap.db"
+    guarded = prepare(StudyConfig(objective="storage", device="cuda", storage=storage)).gpu_indices
+
+    def used() -> dict[int, int]:
+        return {r.index: r.memory_used_bytes for r in reader.read()}
+
+    before = used()
+    block = torch.ones(GiB, dtype=torch.uint8, device="cuda:0")  # CUDA starts here
+    torch.cuda.synchronize()
+    grew = {index: value - before.get(index, 0) for index, value in used().items()}
+    by_pci = machine.nvml_index_of("cuda:0", devices)  # CUDA running: by PCI address
+    print(f"gpu_check: CUDA_VISIBLE_DEVICES={visible}: guard reads NVML {guarded}, "
+          f"cuda:0 is NVML {by_pci} by PCI address, expected {expected}; MiB grown per NVML "
+          f"device: { {i: g // 2**20 for i, g in grew.items()} }")
+    others = [g for i, g in grew.items() if i != expected]
+    if guarded != (expected,) or by_pci != expected or grew.get(expected, 0) < 0.9 * GiB:
+        sys.exit(f"gpu_check: CUDA_VISIBLE_DEVICES={visible}: the guard reads the wrong GPU")
+    if any(g >= 0.5 * GiB for g in others):
+        sys.exit(f"gpu_check: CUDA_VISIBLE_DEVICES={visible}: another GPU filled as well")
+EOF
+    then
+        failed+=("CUDA_VISIBLE_DEVICES=$visible")
+    fi
+done
+
+echo
+echo "gpu_check: 4. tuner.best"
 timeout 60 "$PY" -m tuner.best --hardware auto --storage "$STORAGE" || echo "tuner.best exited $?"
-exit "$study_rc"
+if [[ ${#failed[@]} -gt 0 ]]; then
+    echo "gpu_check: FAILED: ${failed[*]}" >&2
+    exit 1
+fi
+echo "gpu_check: every check passed"

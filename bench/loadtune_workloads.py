@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from objectives.image import NUM_CLASSES, _network, image_workload
-from objectives.storage import MlpStep, storage_workload
+from objectives.storage import mlp, storage_workload
 from objectives.text import (
     PAD_TOKEN,
     TinyLanguageModel,
@@ -152,7 +152,7 @@ def _storage() -> Workload:
     return Workload(
         name="storage",
         make_dataset=lambda: storage_workload(**options).dataset,
-        make_model=lambda: MlpStep(features, hidden, torch.device("cpu")).network,
+        make_model=lambda: mlp(features, hidden),
         train_step=_storage_step,
         make_optimizer=_sgd,
         default_batch_size=storage_workload(**options).default_batch_size,

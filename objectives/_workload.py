@@ -10,7 +10,11 @@ Lifetimes, per trial child process:
 * ``Workload.configure(knobs)`` is called once with the values the tuner sampled for the
   workload's own knobs and returns the workload to measure (the same object when it has none).
 * ``Workload.make_step(device)`` is called once, after the DataLoader exists, to put the model on
-  the device; the returned :class:`TrainStep` is called once per micro-batch.
+  the device; the returned :class:`TrainStep` is called once per micro-batch. A workload that
+  hands its model over (``Workload.model``) gets ``make_step(device, model)`` instead: the model
+  already on ``device``, and in each rank of ``--nproc-per-node N`` under
+  ``DistributedDataParallel``, so the step's backward all-reduces the gradients as training
+  does. The step calls that module, never one it holds itself.
 * ``TrainStep.optimizer_step()`` is called every ``accumulation_steps`` micro-batches, so
   ``--effective-batch`` keeps the training recipe whatever batch size is tuned.
 """
@@ -90,7 +94,18 @@ class Workload:
         step: ``step(batch, device)`` consumes one batch that is already on ``device``. Absent
             (and no ``make_step``): the batch is only moved to the device.
         make_step: ``make_step(device) -> TrainStep``, for workloads that let the tuner step the
-            optimizer (gradient accumulation). Takes precedence over ``step``.
+            optimizer (gradient accumulation); ``make_step(device, model)`` where ``model`` is
+            set. Takes precedence over ``step``.
+        model: the ``nn.Module`` the step trains, handed over so that the ranks of
+            ``--nproc-per-node N`` train it under ``DistributedDataParallel`` (a rank moves it
+            to its device, then wraps it: ``device_ids`` on CUDA, none on the CPU), and their
+            gradient all-reduce paces them as in training. ``make_step(device, model)`` gets it
+            on ``device`` (the module itself in one rank, its DDP wrapper in several) and must
+            call what it gets. None: the step is the workload's own, and ranks do not
+            all-reduce.
+        ddp_kwargs: keyword arguments for ``DistributedDataParallel`` as your training passes
+            them (``find_unused_parameters=True`` for a model some of whose parameters a step
+            leaves unused); only with ``model``.
         default_batch_size: what the user trains with today; the ``pytorch-default`` baseline.
         batch_size_range: inclusive bounds of the batch-size search (powers of two inside).
         batch_sampler: a :data:`BatchSamplerFactory`; when set, the tuned batch parameter is
@@ -113,7 +128,7 @@ class Workload:
     dataset: Dataset
     collate_fn: Callable[[list[Any]], Any] | None = None
     step: Callable[[Any, torch.device], Any] | None = None
-    make_step: Callable[[torch.device], TrainStep] | None = None
+    make_step: Callable[..., TrainStep] | None = None
     default_batch_size: int = 32
     batch_size_range: tuple[int, int] = (8, 512)
     batch_sampler: BatchSamplerFactory | None = None
@@ -125,6 +140,8 @@ class Workload:
     drop_last: bool = False
     worker_init_fn: Callable[[int], None] | None = None
     current: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    model: torch.nn.Module | None = None
+    ddp_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dataloader(
@@ -132,7 +149,8 @@ class Workload:
         loader: DataLoader,
         step: Callable[[Any, torch.device], Any] | None = None,
         *,
-        make_step: Callable[[torch.device], TrainStep] | None = None,
+        make_step: Callable[..., TrainStep] | None = None,
+        model: torch.nn.Module | None = None,
         name: str = "dataloader",
         batch_size_range: tuple[int, int] | None = None,
         description: str = "",
@@ -140,8 +158,9 @@ class Workload:
         """The workload of a DataLoader trained with today: its dataset, collate function,
         sampler, ``drop_last`` and worker init as they are, its batch size as the default (the
         search's range widened to take it in) and its worker settings as the
-        ``pytorch-default`` baseline. A :class:`ValueError` (one line) where the tuner cannot
-        size the loader's batches (:func:`objectives._from_dataloader.dataloader_fields`).
+        ``pytorch-default`` baseline; ``model`` and ``make_step(device, model)`` hand the model
+        over (:attr:`model`). A :class:`ValueError` (one line) where the tuner cannot size the
+        loader's batches (:func:`objectives._from_dataloader.dataloader_fields`).
         """
         from objectives._from_dataloader import dataloader_fields, widened_range
 
@@ -150,6 +169,7 @@ class Workload:
             name=name,
             step=step,
             make_step=make_step,
+            model=model,
             batch_size_range=batch_size_range or widened_range(fields["default_batch_size"]),
             description=description
             or f"{name}: {type(loader.dataset).__name__}, batch {fields['default_batch_size']}",
@@ -167,6 +187,24 @@ class Workload:
         for knob, choices in self.knobs.items():
             if not choices:
                 raise ValueError(f"knob {knob!r} of workload {self.name!r} has no choices")
+        self._check_model()
+
+    def _check_model(self) -> None:
+        """A handed-over model needs a step that takes it; DDP options need a model."""
+        if self.model is None:
+            if self.ddp_kwargs:
+                raise ValueError(f"workload {self.name!r} has ddp_kwargs but no model")
+            return
+        if not isinstance(self.model, torch.nn.Module):
+            raise ValueError(
+                f"the model of workload {self.name!r} is a {type(self.model).__name__}, "
+                "not a torch.nn.Module"
+            )
+        if self.make_step is None:
+            raise ValueError(
+                f"workload {self.name!r} hands over a model but no make_step(device, model) "
+                "to train it"
+            )
 
     @property
     def dataset_length(self) -> int | None:
@@ -192,7 +230,10 @@ class Workload:
         return self.configure(**{**self.default_knobs, **values})
 
     def train_step(self, device: torch.device) -> TrainStep:
-        """The step the measurement loop calls once per micro-batch."""
+        """The step the measurement loop calls once per micro-batch; with a :attr:`model`, the
+        model is moved to ``device`` and handed to ``make_step``."""
+        if self.model is not None and self.make_step is not None:
+            return self.make_step(device, self.model.to(device))
         if self.make_step is not None:
             return self.make_step(device)
         if self.step is not None:

@@ -27,7 +27,7 @@ from PIL import Image, ImageDraw, ImageFilter
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
-from objectives._workload import TrainStep, Workload
+from objectives._workload import Workload
 
 __all__ = [
     "COLLATES",
@@ -90,26 +90,30 @@ def _check_choice(option: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"unknown {option} {value!r}; known: {', '.join(choices)}")
 
 
-def _workload(dataset: _AugmentedImages, model: str, description: str) -> Workload:
+def _workload(
+    dataset: _AugmentedImages, arch: str, description: str, network: nn.Module | None = None
+) -> Workload:
+    network = network if network is not None else _network(arch, dataset.num_classes)
     return Workload(
         name="image",
         dataset=dataset,
         collate_fn=fast_collate if dataset.output == "uint8" else None,
-        make_step=functools.partial(_make_step, model=model, num_classes=dataset.num_classes),
+        make_step=ImageClassifierStep,
+        model=network,
         default_batch_size=32,
         batch_size_range=(8, 512),
         knobs={"collate": COLLATES},
-        configure=functools.partial(_configure, dataset, model, description),
+        configure=functools.partial(_configure, dataset, arch, description, network),
         description=f"{description}, collate {dataset.output}",
     )
 
 
 def _configure(
-    dataset: _AugmentedImages, model: str, description: str, *, collate: str
+    dataset: _AugmentedImages, arch: str, description: str, network: nn.Module, *, collate: str
 ) -> Workload:
-    """The same images (no regeneration, no rescan) with another collate."""
+    """The same images (no regeneration, no rescan) and network with another collate."""
     _check_choice("collate", collate, COLLATES)
-    return _workload(dataset.with_output(collate), model, description)
+    return _workload(dataset.with_output(collate), arch, description, network)
 
 
 # Datasets -----------------------------------------------------------------------------------
@@ -338,10 +342,6 @@ def _write_cache_atomically(path: Path, blob: bytes, offsets: array, labels: byt
 # Training step ------------------------------------------------------------------------------
 
 
-def _make_step(device: torch.device, *, model: str, num_classes: int) -> TrainStep:
-    return ImageClassifierStep(_network(model, num_classes), device)
-
-
 def _network(model: str, num_classes: int) -> nn.Module:
     if model == "resnet50":
         try:
@@ -376,10 +376,11 @@ class ImageClassifierStep:
     """Cross-entropy and SGD (momentum 0.9, lr 0.01) on ``(images, labels)`` batches.
 
     ``last_loss`` keeps the latest loss as a detached device tensor: reading it is the caller's
-    choice, so the step itself never waits for the device.
+    choice, so the step itself never waits for the device. ``network`` is the workload's model
+    on ``device`` (under DDP in a rank of several), as ``make_step(device, model)`` hands it.
     """
 
-    def __init__(self, network: nn.Module, device: torch.device) -> None:
+    def __init__(self, device: torch.device, network: nn.Module) -> None:
         self.network = network.to(device).train()
         self.optimizer = torch.optim.SGD(self.network.parameters(), lr=0.01, momentum=0.9)
         self.last_loss: torch.Tensor | None = None

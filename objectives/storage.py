@@ -9,7 +9,6 @@ The features are generated from the index, so every epoch and every worker sees 
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any
 
@@ -18,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from objectives._workload import TrainStep, Workload
+from objectives._workload import Workload
 
-__all__ = ["LatencyDataset", "MlpStep", "storage_workload"]
+__all__ = ["LatencyDataset", "MlpStep", "mlp", "storage_workload"]
 
 NUM_CLASSES = 10
 
@@ -45,13 +44,17 @@ class LatencyDataset(Dataset):
         return torch.randn(self.features, generator=generator), index % NUM_CLASSES
 
 
-class MlpStep:
-    """Cross-entropy and SGD on a two-layer MLP: a cheap step, so the loader decides the speed."""
+def mlp(features: int, hidden: int) -> nn.Module:
+    """The storage workload's model: two linear layers."""
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES))
 
-    def __init__(self, features: int, hidden: int, device: torch.device) -> None:
-        self.network = nn.Sequential(
-            nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, NUM_CLASSES)
-        ).to(device)
+
+class MlpStep:
+    """Cross-entropy and SGD on the :func:`mlp` on ``device`` (under DDP in a rank of several):
+    a cheap step, so the loader decides the speed."""
+
+    def __init__(self, device: torch.device, network: nn.Module) -> None:
+        self.network = network.to(device)
         self.optimizer = torch.optim.SGD(self.network.parameters(), lr=0.01, momentum=0.9)
 
     def __call__(self, batch: Any) -> None:
@@ -61,10 +64,6 @@ class MlpStep:
     def optimizer_step(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-
-def _make_step(device: torch.device, *, features: int, hidden: int) -> TrainStep:
-    return MlpStep(features, hidden, device)
 
 
 def storage_workload(
@@ -78,7 +77,8 @@ def storage_workload(
     return Workload(
         name="storage",
         dataset=LatencyDataset(samples, features, float(latency_ms), seed),
-        make_step=functools.partial(_make_step, features=features, hidden=hidden),
+        make_step=MlpStep,
+        model=mlp(features, hidden),
         default_batch_size=32,
         batch_size_range=(8, 512),
         description=(

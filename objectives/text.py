@@ -6,7 +6,6 @@ models are trained: the batch sampler packs sequences of similar length so paddi
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, Sampler
 
-from objectives._workload import TrainStep, Workload
+from objectives._workload import Workload
 
 __all__ = [
     "PAD_TOKEN",
@@ -44,7 +43,8 @@ def text_workload(
         name="text",
         dataset=dataset,
         collate_fn=pad_collate,
-        make_step=functools.partial(_make_step, vocab_size=vocab_size),
+        make_step=LanguageModelStep,
+        model=TinyLanguageModel(vocab_size),
         default_batch_size=4096,
         batch_size_range=(1024, 65536),
         batch_sampler=token_bucket_sampler,
@@ -213,11 +213,12 @@ class LanguageModelStep:
     """Next-token cross entropy, padding ignored, AdamW.
 
     The padding mask comes from the tokens themselves (padding is the only ``PAD_TOKEN``), and
-    no step reads a value back, so the host never waits for the device inside a step.
+    no step reads a value back, so the host never waits for the device inside a step. ``model``
+    is the workload's :class:`TinyLanguageModel` on ``device`` (under DDP in a rank of several).
     """
 
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
-        self.model = TinyLanguageModel(vocab_size).to(device).train()
+    def __init__(self, device: torch.device, model: nn.Module) -> None:
+        self.model = model.to(device).train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=3e-4)
         self.last_loss: torch.Tensor | None = None
 
@@ -232,7 +233,3 @@ class LanguageModelStep:
     def optimizer_step(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-
-def _make_step(device: torch.device, *, vocab_size: int) -> TrainStep:
-    return LanguageModelStep(vocab_size, device)

@@ -39,6 +39,8 @@ W = "tests.tuner_tests.workloads"
 PG = "postgresql+psycopg://{user}@127.0.0.1:5432/{database}"
 WITHOUT_MYSQL_DRIVER = os.pathsep.join([str(ROOT / "tests" / "without_mysql_driver"), str(ROOT)])
 """A PYTHONPATH on which every MySQL driver fails to import, as on a machine without one."""
+WITH_ONE_CUDA_GPU = os.pathsep.join([str(ROOT / "tests" / "with_one_cuda_gpu"), str(ROOT)])
+"""A PYTHONPATH on which torch reports one CUDA GPU, as on a 1-GPU machine."""
 UNREACHABLE = "postgresql+psycopg://postgres@127.0.0.1:{free_port}/tuner"
 
 
@@ -269,6 +271,17 @@ REFUSED = [
         "nproc-per-node-zero",
         study("--nproc-per-node", "0"),
         "--nproc-per-node must be a positive count or auto, got '0'",
+    ),
+    Case(
+        "nproc-per-node-more-than-the-gpus",
+        study("--device", "cuda", "--nproc-per-node", "2"),
+        "--nproc-per-node 2: this machine has 1 CUDA GPUs (one per rank)",
+        env=(("PYTHONPATH", WITH_ONE_CUDA_GPU),),
+    ),
+    Case(
+        "nproc-per-node-more-than-the-profiles-gpus",
+        study("--hardware", "g4dn.xlarge", "--nproc-per-node", "2"),
+        "--nproc-per-node 2: profile g4dn.xlarge has 1 GPU(s) (one per rank)",
     ),
     Case(
         "nproc-per-node-with-an-unshardable-sampler",

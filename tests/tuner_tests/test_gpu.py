@@ -243,11 +243,34 @@ def test_the_study_guards_and_reads_the_mapped_gpu(monkeypatch: pytest.MonkeyPat
         lambda log: NvmlGpuReader(nvml=fake_nvml(device_count=4)),
     )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", fake_uuid(3))
-    assert _config._gpu_device("cuda:0") == (3, 80 * GiB)  # PreparedStudy.gpu_index
-    assert _config._gpu_device("cpu") == (None, None)
+    assert _config._gpu_devices("cuda:0") == ((3,), 80 * GiB)  # PreparedStudy.gpu_indices
+    assert _config._gpu_devices("cpu") == ((), None)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
     with pytest.raises(_config.ConfigError, match=r"^--device cuda:0: CUDA_VISIBLE_DEVICES='5'"):
-        _config._gpu_device("cuda:0")
+        _config._gpu_devices("cuda:0")
+
+
+@pytest.mark.parametrize(
+    "visible",
+    [pytest.param("3,1", id="indices"), pytest.param(f"{fake_uuid(3)},{fake_uuid(1)}", id="uuids")],
+)
+def test_the_study_guards_every_ranks_mapped_gpu(
+    monkeypatch: pytest.MonkeyPatch, visible: str
+) -> None:
+    """Rank r runs on cuda:r (LOCAL_RANK), the r-th device CUDA_VISIBLE_DEVICES leaves."""
+    from tuner.run import _config
+
+    monkeypatch.setattr(
+        _config.machine,
+        "open_gpu_reader",
+        lambda log: NvmlGpuReader(nvml=fake_nvml(device_count=4)),
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert _config._gpu_devices("cuda", 2) == ((3, 1), 80 * GiB)
+    assert _config._gpu_devices("cuda", 1) == ((3,), 80 * GiB)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible.split(",")[0])
+    with pytest.raises(_config.ConfigError, match=r"^--nproc-per-node 2: cuda:1 is not visible"):
+        _config._gpu_devices("cuda", 2)
 
 
 # --- StaticGpuReader and the helper ------------------------------------------------------------

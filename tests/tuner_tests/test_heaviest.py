@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -56,9 +57,10 @@ class LongestSeen:
 
 
 def recording(step: LongestSeen) -> Workload:
-    text = text_workload(**SMALL_TEXT)
-    text.make_step = lambda device: step
-    return text
+    """The text workload stepped by ``step``, its own model not handed over."""
+    return dataclasses.replace(
+        text_workload(**SMALL_TEXT), model=None, make_step=lambda device: step
+    )
 
 
 def test_a_trial_steps_the_heaviest_batch_right_after_its_first() -> None:

@@ -117,7 +117,7 @@ def test_a_failing_rank_ends_the_trial_with_its_reason(
     trials = [t for t in _study(db).trials if t.state.name != "WAITING"]  # a queued baseline
     assert trials
     for trial in trials:
-        assert trial.state.name == state
+        assert trial.state.name == state, (trial.number, trial.user_attrs.get("error"))
         assert said in trial.user_attrs["error"]
 
 

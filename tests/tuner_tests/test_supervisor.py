@@ -395,7 +395,7 @@ def gpu_guard(
     limits = default_limits(gpu_memory_limit=f"{limit}", gpu_total_bytes=8 * GiB)
     assert limits.gpu_bytes == limit
     reader = StaticGpuReader(devices, frames)
-    return MemoryGuard(limits, gpu=reader, gpu_index=0, interval_s=interval_s, clock=clock)
+    return MemoryGuard(limits, gpu=reader, gpu_indices=[0], interval_s=interval_s, clock=clock)
 
 
 def test_gpu_memory_stepping_over_the_limit_trips_a_gpu_breach() -> None:
@@ -418,6 +418,21 @@ def test_gpu_memory_stepping_over_the_limit_trips_a_gpu_breach() -> None:
         False,
     )
     assert guard.peaks()["peak_gpu_memory_bytes"] == limit - 10 * MiB
+
+
+def test_every_ranks_gpu_is_watched_and_any_one_breaches() -> None:
+    """A 2-rank trial's guard reads both ranks' devices: device 1, nearly full, breaches."""
+    limit = 1 * GiB
+    devices = [GpuDevice(0, "Stand-in GPU", 8 * GiB), GpuDevice(1, "Stand-in GPU", 8 * GiB)]
+    limits = default_limits(gpu_memory_limit=f"{limit}", gpu_total_bytes=8 * GiB)
+    frames = [[GpuReading(0, 100 * MiB, 8 * GiB, 50.0), GpuReading(1, limit, 8 * GiB, 99.0)]]
+    for indices, breaches in (([0], False), ([0, 1], True)):
+        reader = StaticGpuReader(devices, frames)
+        guard = MemoryGuard(limits, gpu=reader, gpu_indices=indices, clock=Clock())
+        guard.start(None)
+        breach = guard.check(guard.sample())
+        assert (breach is not None) is breaches, indices
+    assert breach is not None and breach.kind == "gpu" and breach.reading_bytes == limit
 
 
 def test_gpu_memory_climbing_towards_the_limit_is_stopped_before_it() -> None:
@@ -457,7 +472,7 @@ def test_without_a_gpu_nothing_gpu_related_trips() -> None:
     limits = default_limits(gpu_memory_limit="1", gpu_total_bytes=8 * GiB)  # a 1-byte budget
     for reader in (NoGpuReader("no NVIDIA device found"), None):
         clock = Clock()
-        guard = MemoryGuard(limits, gpu=reader, gpu_index=0, interval_s=0.05, clock=clock)
+        guard = MemoryGuard(limits, gpu=reader, gpu_indices=[0], interval_s=0.05, clock=clock)
         guard.start(os.getpid())
         for _ in range(3):
             reading = guard.sample()

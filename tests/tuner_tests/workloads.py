@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import time
+from typing import ClassVar
 
 import torch
 from torch.utils.data import Dataset
@@ -425,4 +426,55 @@ def own_sampler() -> Workload:
     return Workload(
         name="own_sampler", dataset=dataset, step=_sum_step,
         sampler=torch.utils.data.SequentialSampler(dataset),
+    )  # fmt: skip
+
+
+# --- the model under DDP in each rank (tests/tuner_tests/test_ddp.py) ---------------------------
+
+
+class LinearStep:
+    """Cross entropy and SGD on ``model``; every module a step trains in this process is kept
+    in :attr:`trained`, so a rank can report its parameters after the measurement."""
+
+    trained: ClassVar[list[torch.nn.Module]] = []
+
+    def __init__(self, device: torch.device, model: torch.nn.Module) -> None:
+        self.model = model.to(device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        LinearStep.trained.append(model)
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        features, labels = batch
+        if os.environ.get("RANK") == "1" and os.environ.get("TUNER_TEST_RANK_ONE") == "raise":
+            raise RuntimeError("rank 1's loss is NaN")
+        if os.environ.get("RANK") == "1" and os.environ.get("TUNER_TEST_RANK_ONE") == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.nn.functional.cross_entropy(self.model(features), labels).backward()
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def _linear_model() -> torch.nn.Module:
+    return torch.nn.Linear(64, 10)
+
+
+def linear() -> Workload:
+    """A model handed over: each rank trains it under DDP."""
+    return Workload(
+        name="linear", dataset=Vectors(), make_step=LinearStep, model=_linear_model(),
+        batch_size_range=(8, 64),
+    )  # fmt: skip
+
+
+def _own_linear_step(model: torch.nn.Module, device: torch.device) -> LinearStep:
+    return LinearStep(device, model)
+
+
+def linear_step_only() -> Workload:
+    """The same model kept inside the step: each rank trains its own copy, no all-reduce."""
+    return Workload(
+        name="linear_step_only", dataset=Vectors(),
+        make_step=functools.partial(_own_linear_step, _linear_model()), batch_size_range=(8, 64),
     )  # fmt: skip

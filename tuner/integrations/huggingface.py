@@ -5,7 +5,9 @@ collate function are the ones the Trainer's own training DataLoader loads from
 (``Trainer.get_train_dataloader``: unused columns removed, the collator wrapped as the Trainer
 wraps it), the step is one real optimizer step as the Trainer takes it (``compute_loss``,
 backward through its accelerator, gradient clipping at ``max_grad_norm``, the optimizer from
-``create_optimizer``), and ``TrainingArguments``' batch and ``dataloader_*`` fields are the
+``create_optimizer``; the model handed over, so the ranks of ``--nproc-per-node N`` train it
+under ``DistributedDataParallel`` with the Trainer's own DDP options), and
+``TrainingArguments``' batch and ``dataloader_*`` fields are the
 ``pytorch-default`` baseline: what you train with today. The tuner loads a workload by spec in
 every trial's child process, so a script exposes a function of no arguments,
 ``def workload(): return workload_from_trainer(make_trainer())``, and ``--objective
@@ -75,6 +77,8 @@ def workload_from_trainer(
         dataset=loader.dataset,
         collate_fn=loader.collate_fn,
         make_step=functools.partial(TrainerStep, trainer),
+        model=trainer.model,
+        ddp_kwargs=_ddp_kwargs(trainer),
         default_batch_size=batch,
         batch_size_range=batch_size_range or widened_range(batch),
         sampler=_kept_sampler(loader),
@@ -91,13 +95,23 @@ def workload_from_trainer(
     )
 
 
+def _ddp_kwargs(trainer: Any) -> dict[str, Any]:
+    """The ``DistributedDataParallel`` options the Trainer's accelerator passes (from
+    ``TrainingArguments.ddp_*``: ``find_unused_parameters`` unless the model checkpoints
+    activations, ...), or none where it holds none."""
+    handler = getattr(getattr(trainer, "accelerator", None), "ddp_handler", None)
+    return dict(handler.to_kwargs()) if handler is not None else {}
+
+
 class TrainerStep:
     """One micro-batch forward and backward as ``Trainer.training_step`` runs it, and the
-    optimizer step the Trainer takes after its accumulated micro-batches."""
+    optimizer step the Trainer takes after its accumulated micro-batches. ``model``, where
+    given, is the Trainer's model on ``device`` (under DDP in a rank of several): the module
+    the loss is computed through."""
 
-    def __init__(self, trainer: Any, device: torch.device) -> None:
+    def __init__(self, trainer: Any, device: torch.device, model: Any = None) -> None:
         self._trainer = trainer
-        self.model = trainer.model.to(device)
+        self.model = model if model is not None else trainer.model.to(device)
         self.model.train()
         # After the move: a new optimizer holds the parameters where they now live.
         self.optimizer = (

@@ -4,6 +4,9 @@
 DataLoader the DataModule trains with (``train_dataloader()``, taken as
 :meth:`Workload.from_dataloader` takes any loader) under the module's own ``training_step``,
 forward, backward and optimizer step, so the samples/sec are those of the user's training.
+The module is handed over as the workload's model, its ``training_step`` as the forward that
+``DistributedDataParallel`` wraps (as Lightning's DDP strategy wraps it), so the ranks of
+``--nproc-per-node N`` all-reduce its gradients.
 
 A trial's child process loads the workload by spec, so a user script exposes a function of no
 arguments that builds it there::
@@ -79,6 +82,7 @@ except ImportError as error:  # pragma: no cover - the optional extra is not ins
 
 __all__ = [
     "LightningStep",
+    "TrainingStepModule",
     "TunedDataLoaders",
     "first_optimizer",
     "tuned_dataloader",
@@ -117,6 +121,7 @@ def workload_from_lightning(
         return Workload.from_dataloader(
             loader,
             make_step=LightningStep.factory(module),
+            model=TrainingStepModule(module),
             name=name,
             batch_size_range=batch_size_range,
             description=f"{name}: {type(module).__name__} on {type(datamodule).__name__}'s loader",
@@ -181,16 +186,36 @@ def _no_optimizer(module: pl.LightningModule) -> str:
     )
 
 
+class TrainingStepModule(torch.nn.Module):
+    """``module.training_step`` as ``forward``: what ``DistributedDataParallel`` calls, so its
+    gradient hooks are armed around the training step, as Lightning's DDP strategy arranges."""
+
+    def __init__(self, module: pl.LightningModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any) -> Any:
+        return self.module.training_step(*args)
+
+
 class LightningStep:
     """A :class:`~objectives.TrainStep` running ``module.training_step`` without a Trainer.
 
     The batch hooks the Trainer calls around a batch's transfer (``on_before_batch_transfer``,
     ``on_after_batch_transfer``) run on the moved batch, so a module that augments there is
-    measured with its augmentation.
+    measured with its augmentation. ``forward``, where given, is the
+    :class:`TrainingStepModule` of ``module`` on ``device`` (under DDP in a rank of several),
+    called in place of ``module.training_step``.
     """
 
-    def __init__(self, module: pl.LightningModule, device: torch.device) -> None:
+    def __init__(
+        self,
+        module: pl.LightningModule,
+        device: torch.device,
+        forward: torch.nn.Module | None = None,
+    ) -> None:
         self.module = module.to(device)
+        self._forward = forward if forward is not None else module.training_step
         self.module.train()
         optimizer = first_optimizer(self.module.configure_optimizers())
         if optimizer is None:
@@ -201,10 +226,12 @@ class LightningStep:
 
     @classmethod
     def factory(cls, module: pl.LightningModule) -> Any:
-        """``make_step(device)`` for :class:`Workload`: the module moves to the device once."""
+        """``make_step(device)`` for :class:`Workload`, or ``make_step(device, model)`` with
+        the module's :class:`TrainingStepModule` handed over: the module moves to the device
+        once."""
 
-        def make_step(device: torch.device) -> LightningStep:
-            return cls(module, device)
+        def make_step(device: torch.device, model: torch.nn.Module | None = None) -> LightningStep:
+            return cls(module, device, model)
 
         return make_step
 
@@ -214,7 +241,7 @@ class LightningStep:
             batch = module.on_before_batch_transfer(batch, 0)
             batch = module.on_after_batch_transfer(batch, 0)
             args = (batch, self.batch_idx) if self._with_index else (batch,)
-            output = module.training_step(*args)
+            output = self._forward(*args)
         self.batch_idx += 1
         loss = output.get("loss") if isinstance(output, Mapping) else output
         if loss is None:  # Lightning's "skip this batch"

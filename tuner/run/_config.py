@@ -22,7 +22,7 @@ from tuner import machine
 from tuner._naming import study_name
 from tuner.run._samplers import SAMPLERS
 from tuner.search import SearchSpace, SpaceError
-from tuner.trial import GuardLimits, default_limits, shard_error
+from tuner.trial import GuardLimits, default_limits, rank_devices, shard_error
 
 __all__ = [
     "ConfigError",
@@ -90,9 +90,10 @@ class PreparedStudy:
     study_name: str
     nproc_per_node: int = 1
     """Ranks per node a trial measures (:func:`resolve_nproc_per_node`)."""
-    gpu_index: int | None = None
-    """The NVML index of ``device`` (:func:`~tuner.machine.nvml_index_of`): the GPU the guard
-    and the telemetry read; None off CUDA or where NVML sees no GPU."""
+    gpu_indices: tuple[int, ...] = ()
+    """The NVML index (:func:`~tuner.machine.nvml_index_of`) of each rank's device
+    (:func:`~tuner.trial.rank_devices`): the GPUs the guard reads, the first the one the
+    telemetry reads; empty off CUDA or where NVML sees no GPU."""
 
 
 def trial_deadline(config: StudyConfig) -> float:
@@ -153,6 +154,20 @@ def resolve_nproc_per_node(requested: int | str, device: str) -> int:
     return ranks
 
 
+def _check_profile_ranks(profile: machine.Profile, requested: int | str) -> None:
+    """A GPU node trains one rank per GPU: a named profile with fewer GPUs than the ranks asked
+    for has no such training to tune (a profile without GPUs trains its ranks on the CPU)."""
+    try:
+        ranks = int(requested)
+    except ValueError:  # auto, or what resolve_nproc_per_node refuses in its own words
+        return
+    if 0 < profile.gpu_count < ranks:
+        raise ConfigError(
+            f"--nproc-per-node {ranks}: profile {profile.name} has {profile.gpu_count} GPU(s) "
+            "(one per rank)"
+        )
+
+
 def _check_shardable(workload: Workload, ranks: int) -> None:
     """More than one rank draws from shards of the dataset: refused where there are none."""
     error = shard_error(workload) if ranks > 1 else None
@@ -170,6 +185,7 @@ def _resolve_profile(config: StudyConfig, fingerprint: machine.Fingerprint) -> m
     """The profile ``--hardware`` names; a named one must match this machine."""
     catalog = machine.load_catalog(config.profiles_file)
     profile = machine.resolve_profile(config.hardware, catalog, fingerprint)
+    _check_profile_ranks(profile, config.nproc_per_node)
     differences = machine.profile_mismatches(profile, fingerprint)
     if differences and config.hardware != machine.AUTO_PROFILE:
         raise ConfigError(
@@ -210,20 +226,24 @@ def _build_space(
     return dataclasses.replace(space, fixed=space.parse_fixed(config.fix))
 
 
-def _gpu_device(device: str) -> tuple[int | None, int | None]:
-    """The NVML index of ``device`` and its memory (None, None off CUDA or without NVML)."""
+def _gpu_devices(device: str, ranks: int = 1) -> tuple[tuple[int, ...], int | None]:
+    """The NVML index of each of ``ranks`` ranks' devices on ``device``, each mapped through
+    ``CUDA_VISIBLE_DEVICES`` as that rank's CUDA sees it, and the smallest one's memory (the
+    GPU limit is a share of it); ``((), None)`` off CUDA or without NVML."""
     if not device.startswith("cuda"):
-        return None, None
+        return (), None
     with contextlib.closing(machine.open_gpu_reader(_log)) as reader:
         devices = reader.devices()
     if not devices:
-        return None, None
+        return (), None
+    flag = f"--device {device}" if ranks == 1 else f"--nproc-per-node {ranks}"
     try:
-        index = machine.nvml_index_of(device, devices)
+        indices = tuple(machine.nvml_index_of(d, devices) for d in rank_devices(device, ranks))
     except machine.GpuMappingError as error:
-        raise ConfigError(f"--device {device}: {error}") from None
+        raise ConfigError(f"{flag}: {error}") from None
     totals = {d.index: d.memory_total_bytes for d in devices}
-    return index, totals.get(index)
+    known = [totals[index] for index in indices if index in totals]
+    return indices, min(known) if known else None
 
 
 def _limits(config: StudyConfig, gpu_total: int | None) -> GuardLimits:
@@ -246,7 +266,7 @@ def prepare(config: StudyConfig) -> PreparedStudy:
     ranks = resolve_nproc_per_node(config.nproc_per_node, device)
     _check_shardable(workload, ranks)
     space = _build_space(config, workload, fingerprint, profile, device, ranks)
-    gpu_index, gpu_total = _gpu_device(device)
+    gpu_indices, gpu_total = _gpu_devices(device, ranks)
     limits = _limits(config, gpu_total)
     storage = open_storage(
         config.storage,
@@ -265,5 +285,5 @@ def prepare(config: StudyConfig) -> PreparedStudy:
         storage,
         name,
         ranks,
-        gpu_index,
+        gpu_indices,
     )

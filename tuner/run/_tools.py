@@ -48,7 +48,7 @@ def trial_tools(prepared: PreparedStudy) -> Iterator[TrialTools]:
         guard = MemoryGuard(
             prepared.limits,
             gpu=gpu,
-            gpu_index=prepared.gpu_index if gpu is not None else None,
+            gpu_indices=(prepared.gpu_indices or None) if gpu is not None else None,
         )
         yield TrialTools(Supervisor(guard), gpu, reason)
 
@@ -78,6 +78,11 @@ def make_job(prepared: PreparedStudy, settings: LoaderSettings, mode: Mode = Mod
     )
 
 
+def _telemetry_gpu(prepared: PreparedStudy, tools: TrialTools) -> int | None:
+    """The GPU the telemetry reads: the first rank's, where the guard reads GPUs at all."""
+    return prepared.gpu_indices[0] if tools.gpu is not None and prepared.gpu_indices else None
+
+
 def make_runner(
     prepared: PreparedStudy,
     tools: TrialTools,
@@ -100,7 +105,7 @@ def make_runner(
             **prepared.fingerprint.to_attrs(),
         },
         gpu=tools.gpu,
-        gpu_index=prepared.gpu_index if tools.gpu is not None else None,
+        gpu_index=_telemetry_gpu(prepared, tools),
         artifact_store=open_artifact_store(config.storage, config.artifact_dir),
         ceiling=ceiling,
         model=model,

@@ -14,6 +14,7 @@ Contract with the supervisor (:mod:`tuner.trial._supervisor`):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -49,6 +50,7 @@ def _measure_in(
     job: Job,
     device: torch.device,
     before_window: Callable[[], Any] | None = None,
+    stepping: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> None:
     """Measure in this process; progress and the result over ``conn``."""
 
@@ -64,6 +66,7 @@ def _measure_in(
         seed=job.seed,
         progress=progress,
         before_window=before_window,
+        stepping=stepping,
     )
     conn.send(Result(result.to_attrs()))
 

@@ -25,7 +25,8 @@ Limits:
 
 * ``host``: the trial's process tree, and the machine's (or container's) headroom.
 * ``shm``: /dev/shm, where DataLoader workers put batches; a full one is a ``Bus error``.
-* ``gpu``: the trial's device memory, through NVML.
+* ``gpu``: the trial's device memory, through NVML: every rank's device, the fullest of them
+  against the limit (a breach on any).
 * ``swap``: sustained swapping-out while the trial runs.
 """
 
@@ -36,7 +37,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psutil
 
@@ -253,13 +254,17 @@ def _speeds(points: list[tuple[float, float]]) -> list[float]:
 
 
 class MemoryGuard:
-    """Samples the machine and one trial's process tree; says when a limit is about to break."""
+    """Samples the machine and one trial's process tree; says when a limit is about to break.
+
+    ``gpu_indices`` are the NVML indices of the trial's devices (each rank's; None: every
+    device the reader has); the fullest is read against the GPU limit.
+    """
 
     def __init__(
         self,
         limits: GuardLimits,
         gpu: GpuReader | None = None,
-        gpu_index: int | None = None,
+        gpu_indices: Sequence[int] | None = None,
         interval_s: float = 0.2,
         kill_time_s: float = 0.3,
         clock: Callable[[], float] = time.monotonic,
@@ -267,7 +272,7 @@ class MemoryGuard:
         self.limits = limits
         self.interval_s = interval_s
         self._gpu = gpu if gpu is not None else NoGpuReader("not asked for")
-        self._gpu_indices = None if gpu_index is None else [gpu_index]
+        self._gpu_indices = None if gpu_indices is None else list(gpu_indices)
         self._kill_time_s = kill_time_s
         self._clock = clock
         self._rss_move_bytes = RSS_MOVE_FRACTION * limits.host_bytes

@@ -15,6 +15,7 @@ peak holds part of what training's second epoch holds (:data:`REFORK_STEPS`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -328,6 +329,23 @@ def _epoch_batches(loader: DataLoader) -> int | None:
         return None
 
 
+def _warm_up(
+    loop: _TrainingLoop,
+    workload: Workload,
+    settings: LoaderSettings,
+    seed: int,
+    warmup_s: float,
+    min_batches: int,
+) -> None:
+    """The epoch's heaviest batch, where there is one, then the warm-up."""
+    # After the first batch, so the workers fork as training forks them: before any step.
+    heaviest = heaviest_batch(workload, settings, seed)
+    if heaviest is not None:
+        loop.step(heaviest)
+        del heaviest
+    loop.warm_up(warmup_s, min_batches)
+
+
 def measure(
     workload: Workload,
     settings: LoaderSettings,
@@ -339,11 +357,15 @@ def measure(
     progress_interval_s: float = 0.5,
     min_warmup_batches: int = 2,
     before_window: Callable[[], Any] | None = None,
+    stepping: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Measurement:
     """Measure samples/sec of ``workload`` under ``settings`` over ``window_s`` seconds.
 
     ``before_window`` runs between the warm-up and the window: the ranks of a node meet there
-    (a barrier), so their windows start together.
+    (a barrier), so their windows start together. ``stepping()`` is entered around each run of
+    steps (the warm-up; the window and what follows it): a rank training under DDP joins there
+    (:class:`tuner.trial._ddp.RankModel`), so ranks whose step counts differ do not wait on one
+    another.
     """
     torch.manual_seed(seed)
     torch.set_num_threads(settings.torch_num_threads)
@@ -357,23 +379,20 @@ def measure(
     stream = _EpochLoop(loader)
     loop = _TrainingLoop(stream, workload.train_step(device), device, settings)
     try:
-        loop.run_one()
-        synchronize(device)
-        time_to_first_batch_s = time.perf_counter() - built
-        # After the first batch, so the workers fork as training forks them: before any step.
-        heaviest = heaviest_batch(workload, settings, seed)
-        if heaviest is not None:
-            loop.step(heaviest)
-            del heaviest
-        loop.warm_up(warmup_s, min_warmup_batches)
+        with stepping():
+            loop.run_one()
+            synchronize(device)
+            time_to_first_batch_s = time.perf_counter() - built
+            _warm_up(loop, workload, settings, seed, warmup_s, min_warmup_batches)
         if before_window is not None:
             before_window()
-        window = _run_window(loop, window_s, samples_per_batch, progress, progress_interval_s)
-        if settings.reforks_workers and not stream.epochs:
-            stream.start_epoch()
-            for _ in range(REFORK_STEPS):
-                loop.run_one()
-            synchronize(device)
+        with stepping():
+            window = _run_window(loop, window_s, samples_per_batch, progress, progress_interval_s)
+            if settings.reforks_workers and not stream.epochs:
+                stream.start_epoch()
+                for _ in range(REFORK_STEPS):
+                    loop.run_one()
+                synchronize(device)
         own_peak = own_peak_memory_bytes()  # the workers still alive, as at the peak
     finally:
         stream.close()

@@ -9,19 +9,21 @@ Contract, inside the trial child (:mod:`tuner.trial._child`) when ``Job.nproc_pe
   ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` on loopback, a free ``MASTER_PORT``) and joins a real
   process group (NCCL on CUDA, gloo on the CPU); it builds the trial's DataLoader over its
   :class:`~torch.utils.data.DistributedSampler` shard and runs the workload's step on
-  ``cuda:LOCAL_RANK`` or the CPU;
+  ``cuda:LOCAL_RANK`` or the CPU (:func:`rank_devices`), the workload's model under
+  ``DistributedDataParallel`` where it hands one over (:mod:`tuner.trial._ddp`), so the
+  gradient all-reduce paces the ranks as in training;
 * the ranks meet at a barrier after their warm-up, so their windows start together: the
   node's samples/sec is the sum of the ranks' rates over that common window, and each rank's
   rate and data wait are recorded beside it;
 * a rank that fails or dies ends the trial with its reason, as one process would, and the
   child kills the other ranks before it reports.
 
-The workload's step runs as it is: the :class:`~objectives.Workload` contract hands the tuner
-no model to wrap in DDP, so the ranks do not all-reduce gradients.
+A workload that hands over no model steps as it is in each rank, with no collective.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -36,17 +38,42 @@ from torch.utils.data import DistributedSampler
 
 from objectives import Workload
 from tuner._lifeline import die_with_parent
+from tuner.trial._ddp import RankModel
 from tuner.trial._outcome import classify_error, classify_exit, one_line
 from tuner.trial._protocol import Failure, Job, Progress, Result
 
-__all__ = ["RANK_ATTRS", "MeasureRank", "node_attrs", "run_ranks", "shard", "shard_error"]
+__all__ = [
+    "PEER_DEATH_S",
+    "RANK_ATTRS",
+    "MeasureRank",
+    "node_attrs",
+    "rank_devices",
+    "run_ranks",
+    "shard",
+    "shard_error",
+]
 
 RANK_ATTRS = ("rank_samples_per_sec", "rank_data_wait_fraction")
 """Trial user attrs of a multi-rank trial: each rank's samples/sec and data-wait fraction."""
 
-MeasureRank = Callable[[Connection, Workload, Job, torch.device, Callable[[], Any]], None]
-"""``measure(conn, workload, job, device, before_window)``: one rank's measurement, which
-sends :class:`Progress` and then one :class:`Result` over ``conn``."""
+PEER_DEATH_S = 0.5
+"""How long a rank's failure waits for another rank's death to be seen: a dead peer's socket
+fails the survivors' gloo and NCCL collectives within milliseconds."""
+
+MeasureRank = Callable[
+    [
+        Connection,
+        Workload,
+        Job,
+        torch.device,
+        Callable[[], Any],
+        Callable[[], contextlib.AbstractContextManager[Any]],
+    ],
+    None,
+]
+"""``measure(conn, workload, job, device, before_window, stepping)``: one rank's measurement
+(``stepping`` as :func:`tuner.trial._measure.measure` takes it), which sends
+:class:`Progress` and then one :class:`Result` over ``conn``."""
 
 
 def shard_error(workload: Workload) -> str | None:
@@ -79,8 +106,14 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _rank_device(job: Job, rank: int) -> torch.device:
-    return torch.device("cuda", rank) if job.device.startswith("cuda") else torch.device("cpu")
+def rank_devices(device: str, ranks: int) -> list[str]:
+    """The device of each of ``ranks`` ranks on a study's ``device``: ``device`` itself for one
+    rank; ``cuda:LOCAL_RANK`` on CUDA, as torchrun's ranks take theirs, or the CPU, for more."""
+    if ranks == 1:
+        return [device]
+    if device.startswith("cuda"):
+        return [f"cuda:{rank}" for rank in range(ranks)]
+    return ["cpu"] * ranks
 
 
 def _rank_main(
@@ -105,19 +138,29 @@ def _rank_main(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    device = _rank_device(job, rank)
+    device = torch.device(rank_devices(job.device, ranks)[rank])
     try:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         try:
-            measure(conn, shard(workload, rank, ranks, job.seed), job, device, dist.barrier)
+            model = RankModel(job.settings.accumulation_steps)
+            mine = model.wrap(shard(workload, rank, ranks, job.seed))
+            measure(conn, mine, job, device, dist.barrier, model.stepping)
+        except BaseException as error:
+            # Said before the group goes: its end fails the other ranks' collectives too.
+            _send_failure(conn, rank, error)
         finally:
             dist.destroy_process_group()
-    except BaseException as error:  # the rank's outcome is the trial's
-        conn.send(Failure(f"rank {rank}: {one_line(error)}", classify_error(error)))
+    except BaseException as error:
+        _send_failure(conn, rank, error)
     finally:
         conn.close()
+
+
+def _send_failure(conn: Connection, rank: int, error: BaseException) -> None:
+    """The rank's error, as the trial's outcome (the parent keeps the first a rank sends)."""
+    conn.send(Failure(f"rank {rank}: {one_line(error)}", classify_error(error)))
 
 
 @dataclasses.dataclass
@@ -202,6 +245,19 @@ def _receive(rank: _Rank) -> Failure | None:
     return None
 
 
+def _killed_peer(ranks: list[_Rank], failed: _Rank) -> Failure | None:
+    """The death of another rank killed by a signal (the OOM killer's, a user's) within
+    :data:`PEER_DEATH_S` of ``failed``'s error, or None: a rank that dies fails the others'
+    collectives with connection errors, and the killing is what ended the trial."""
+    others = [rank for rank in ranks if rank is not failed]
+    wait([rank.process.sentinel for rank in others], timeout=PEER_DEATH_S)
+    for rank in others:
+        exitcode = rank.process.exitcode
+        if exitcode is not None and exitcode < 0:
+            return _died(rank)
+    return None
+
+
 def _gather(conn: Connection, ranks: list[_Rank]) -> list[dict[str, Any]] | Failure:
     """Every rank's result attrs, or the first rank's failure; forwards the node's progress."""
     while any(rank.result is None for rank in ranks):
@@ -210,7 +266,7 @@ def _gather(conn: Connection, ranks: list[_Rank]) -> list[dict[str, Any]] | Fail
             rank = pending[ready]  # type: ignore[index]
             failure = _receive(rank)
             if failure is not None:
-                return failure
+                return _killed_peer(ranks, rank) or failure
             if rank.progress is not None and rank.result is None:
                 node = _node_progress(ranks)
                 if node is not None:
