@@ -548,7 +548,9 @@ def plain_loop(
     epoch's end. Warm-up: ``warmup_batches`` and at least ``warmup_s``, then ``window_s`` counted.
     Inside an initialised process group (torchrun's ranks) the ranks meet at a barrier after
     their warm-up, and ``samples_per_sec`` is the node's: the sum of the ranks' rates over
-    their windows (``rank_samples_per_sec``, in rank order).
+    their windows (``rank_samples_per_sec``, in rank order). A workload that hands over its
+    model trains it there as a user's script does: ``DistributedDataParallel`` (the workload's
+    ``ddp_kwargs``), each phase under ``Join`` since the ranks stop on their own clocks.
 
     Returns:
         ``samples_per_sec``, ``rank_samples_per_sec``, ``torch_num_threads``, ``num_workers``,
@@ -557,7 +559,20 @@ def plain_loop(
     import torch.distributed as dist
 
     device = _loop_device()
-    step = workload.train_step(device)
+    distributed = dist.is_available() and dist.is_initialized()
+    joined: Callable[[], Any] = contextlib.nullcontext
+    if distributed and workload.model is not None and workload.make_step is not None:
+        from torch.distributed.algorithms import Join
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(
+            workload.model.to(device), device_ids=device_ids, **workload.ddp_kwargs
+        )
+        step = workload.make_step(device, model)
+        joined = functools.partial(Join, [model])
+    else:
+        step = workload.train_step(device)
     epoch, batches = 0, 0
     iterator = iter(loader)
 
@@ -579,18 +594,19 @@ def plain_loop(
         return len(batch[0])
 
     started = time.perf_counter()
-    for _ in range(warmup_batches):
-        one()
-    while time.perf_counter() - started < warmup_s:
-        one()
-    distributed = dist.is_available() and dist.is_initialized()
+    with joined():
+        for _ in range(warmup_batches):
+            one()
+        while time.perf_counter() - started < warmup_s:
+            one()
     if distributed:
         dist.barrier()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     samples, batches, started = 0, 0, time.perf_counter()
-    while time.perf_counter() - started < window_s:
-        samples += one()
+    with joined():
+        while time.perf_counter() - started < window_s:
+            samples += one()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     rates = [samples / (time.perf_counter() - started)]
@@ -640,7 +656,10 @@ def measure_plain(
     result = run_module(*loop, timeout_s=120 + 4 * window_s)
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
-        tail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+        # torchrun ends with its own banner: the rank's own complaint is the line worth naming.
+        said = [line for line in result.stderr.splitlines() if line.strip(" =-")]
+        telling = [line for line in said if "Error" in line or "terminate" in line]
+        tail = telling[:1] or said[-1:] or ["no output"]
         _log.warning(
             "plain loop %s: exit %s, %s",
             describe(settings, batch_param),

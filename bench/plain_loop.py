@@ -9,14 +9,15 @@
 It sets ``torch.set_num_threads`` as tuned, builds the DataLoader
 (:func:`bench._harness.plain_loader`: shuffled, ``drop_last``; under torchrun each rank's
 ``DistributedSampler`` shard) and runs :func:`bench._harness.plain_loop`. Under torchrun the
-ranks form a process group (gloo on the CPU, NCCL on CUDA), and each steps its own copy of the
-workload's model: the ``Workload`` contract hands over no model, so there is no DDP all-reduce.
+ranks form a process group (gloo on the CPU, NCCL on CUDA), and a workload that hands over its
+model trains it under ``DistributedDataParallel``.
 Prints one JSON line (rank 0 only): the loop's result.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -65,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         accumulation_steps=settings.accumulation_steps,
     )
     if sharded:
+        # DDP's reducer sits in reference cycles: collected after the group is gone, at exit,
+        # it aborts the rank ("terminate called without an active exception").
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result), flush=True)

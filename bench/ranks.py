@@ -21,8 +21,8 @@ Every contender runs the same plain N-rank loop: ``python -m torch.distributed.r
 --nproc-per-node N -m bench.plain_loop`` (gloo on the CPU; each rank its ``DistributedSampler``
 shard, the setting's DataLoader, the tuned threads, 3 warm-up batches, a barrier, then the
 workload's step over ``--window-s``; the node's samples/s is the sum of the ranks' rates),
-interleaved over ``--rounds`` rounds. The ``Workload`` contract hands over no model, so the
-ranks step their own copies without a DDP all-reduce, as the tuner's ranks do.
+interleaved over ``--rounds`` rounds. A workload that hands over its model (``Workload.model``:
+image and storage do) trains it under ``DistributedDataParallel``, as the tuner's ranks do.
 
 Goal (issue 38): the N-rank pick at least 95% of the grid's best.
 """

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import multiprocessing
 import os
 import signal
@@ -143,14 +144,18 @@ def _rank_main(
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        model = RankModel(job.settings.accumulation_steps)
         try:
-            model = RankModel(job.settings.accumulation_steps)
             mine = model.wrap(shard(workload, rank, ranks, job.seed))
             measure(conn, mine, job, device, dist.barrier, model.stepping)
         except BaseException as error:
             # Said before the group goes: its end fails the other ranks' collectives too.
             _send_failure(conn, rank, error)
         finally:
+            # DDP's reducer sits in reference cycles; collected after its group is gone, at
+            # exit, it aborts the rank ("terminate called without an active exception").
+            model.module = None
+            gc.collect()
             dist.destroy_process_group()
     except BaseException as error:
         _send_failure(conn, rank, error)
