@@ -748,6 +748,11 @@ def study_bench_parser(
     p.add_argument("--trial-seconds", type=float, default=StudyConfig.trial_seconds)
     p.add_argument("--warmup-seconds", type=float, default=StudyConfig.warmup_seconds)
     p.add_argument("--grid-size", type=int, default=None, help="measure the grid's first N only")
+    p.add_argument(
+        "--grid-batches",
+        default=",".join(map(str, GRID_BATCHES)),
+        help="the grid's batch sizes, comma-separated",
+    )
     quick = ", ".join(f"{key}={value}" for key, value in QUICK.items())
     p.add_argument("--quick", action="store_true", help=f"check the script end to end: {quick}")
     p.add_argument("--out", default=None, help="folder for the databases and the results JSON")
@@ -772,6 +777,12 @@ def parse_study_bench_args(
         p.error("--rounds must be at least 1, --window-s and --trial-seconds above 0")
     if args.grid_size is not None and args.grid_size < 0:
         p.error("--grid-size must be 0 or more")
+    try:
+        args.grid_batches = [int(value) for value in args.grid_batches.split(",") if value.strip()]
+    except ValueError:
+        args.grid_batches = []
+    if not args.grid_batches or min(args.grid_batches) < 1:
+        p.error("--grid-batches must be positive batch sizes, comma-separated")
     return args
 
 

@@ -94,15 +94,16 @@ def rank_grid(
     ranks: int,
     knobs: Mapping[str, Sequence[Any]],
     size: int | None = None,
+    batches: Sequence[int] = GRID_BATCHES,
 ) -> list[LoaderSettings]:
-    """The per-rank grid (:func:`rank_workers`, :data:`~bench._harness.GRID_BATCHES`, 1 and the
-    rank's share of the cores' threads, every combination of ``knobs``); its first ``size``."""
+    """The per-rank grid (:func:`rank_workers`, ``batches``, 1 and the rank's share of the
+    cores' threads, every combination of ``knobs``); its first ``size``."""
     names = list(knobs)
     knob_values = [
         dict(zip(names, values, strict=True)) for values in itertools.product(*knobs.values())
     ]
     threads = sorted({1, max(1, cores // ranks)})
-    grid = plain_grid(rank_workers(name, cores, ranks), GRID_BATCHES, threads, knob_values)
+    grid = plain_grid(rank_workers(name, cores, ranks), batches, threads, knob_values)
     return grid if size is None else grid[:size]
 
 
@@ -168,7 +169,9 @@ def ranks_bench(name: str, folder: Path, args: argparse.Namespace) -> dict[str, 
     """One workload: its studies, then every contender's plain N-rank loop, interleaved."""
     picks = _picks(name, folder, args)
     knobs = _knobs(picks["objective"], picks["options"])
-    grid = rank_grid(name, usable_cpu_count(), args.nproc_per_node, knobs, args.grid_size)
+    grid = rank_grid(
+        name, usable_cpu_count(), args.nproc_per_node, knobs, args.grid_size, args.grid_batches
+    )
     entries = contenders(picks, grid, args.nproc_per_node)
     measures = [_plain(picks, settings, args) for _, settings in entries]
     values = interleaved(measures, args.rounds, desc=name)

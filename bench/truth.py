@@ -73,10 +73,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parse_study_bench_args(p, argv, USER_WORKLOADS)
 
 
-def off_cpu_grid(cores: int, size: int | None = None) -> list[LoaderSettings]:
-    """Workers 0 to ``cores`` + 2, :data:`GRID_BATCHES`, 1 and ``cores`` intra-op threads (the
-    first ``size`` of them, where given)."""
-    grid = plain_grid(range(cores + 3), GRID_BATCHES, sorted({1, cores}))
+def off_cpu_grid(
+    cores: int, size: int | None = None, batches: Sequence[int] = GRID_BATCHES
+) -> list[LoaderSettings]:
+    """Workers 0 to ``cores`` + 2, ``batches``, 1 and ``cores`` intra-op threads (the first
+    ``size`` of them, where given)."""
+    grid = plain_grid(range(cores + 3), batches, sorted({1, cores}))
     return grid if size is None else grid[:size]
 
 
@@ -152,7 +154,11 @@ def truth(name: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     :data:`GRID_WORKLOADS`, the grid's plain loops) in ``args.rounds`` interleaved rounds."""
     study = _study(name, folder, args)
     pick = LoaderSettings.from_attrs(study["settings"])
-    grid = off_cpu_grid(usable_cpu_count(), args.grid_size) if name in GRID_WORKLOADS else []
+    grid = (
+        off_cpu_grid(usable_cpu_count(), args.grid_size, args.grid_batches)
+        if name in GRID_WORKLOADS
+        else []
+    )
     pick_in_grid = any(settings_key(s) == settings_key(pick) for s in grid)
     grid = [s for s in grid if settings_key(s) != settings_key(pick)]
     measures = [_plain(study, pick, args.window_s), _tuner_measure(study, args)]
