@@ -381,5 +381,9 @@ def test_the_default_strategy_measures_persistence_where_epochs_are_short(tmp_pa
     twin = {**settings, "persistent_workers": True}
     assert any(t.user_attrs.get("settings") == twin for t in study.trials[: knob[0].number])
     kept = study.user_attrs["loader_defaults_kept"]
-    assert kept.get("pin_memory") == "CPU" and "persistent_workers" not in kept
+    assert kept.get("pin_memory") == "CPU"
+    # Beside the pick, persistence was measured; where the pick moved on after the knob's trial
+    # (the re-measured best is another setting), the reason says the trial stood elsewhere.
+    persistent = kept.get("persistent_workers")
+    assert persistent is None or persistent.endswith("not beside the pick"), persistent
     assert "left at defaults: " in result.stdout and "pin_memory (CPU)" in result.stdout

@@ -201,9 +201,9 @@ def kept_defaults(
     measured: Iterable[LoaderSettings],
 ) -> dict[str, str]:
     """The loader knobs ``best`` runs at the model's default with no trial of the alternative
-    beside it, and why: the knob cannot change its rate here, or it can and the study ended
-    before it was measured. Fixed knobs, and those a setting without workers has not, are the
-    user's or PyTorch's, not left out: they are not named.
+    beside it, and why: the knob cannot change its rate here, or it can and its trial ran
+    beside an earlier best only, or the study ended before it was measured. Fixed knobs, and
+    those a setting without workers has not, are the user's or PyTorch's: they are not named.
 
     Args:
         profile: the study's pipeline profile.
@@ -227,5 +227,11 @@ def kept_defaults(
         if not verdict.matters:
             kept[name] = verdict.why
         elif steps[name] not in tried:
-            kept[name] = f"{verdict.why}; the study ended before its trial"
+            default = _default(space, name)
+            elsewhere = any(getattr(setting, name) != default for setting in tried)
+            kept[name] = f"{verdict.why}; " + (
+                "tried beside an earlier best, not beside the pick"
+                if elsewhere
+                else "the study ended before its trial"
+            )
     return kept

@@ -153,6 +153,10 @@ def test_the_pick_says_which_knobs_kept_their_defaults_and_why() -> None:
     tried = kept_defaults(profile, space, best, rate, [best, off])
     assert "persistent_workers" not in tried  # measured, and the default held
     assert "persistent_workers" not in kept_defaults(profile, space, off, rate, [best, off])
+    # Tried beside another setting only (the pick moved on after the knob's trial).
+    other = dataclasses.replace(best, batch=best.batch * 2, persistent_workers=False)
+    moved = kept_defaults(profile, space, best, rate, [best, other])
+    assert moved["persistent_workers"].endswith("tried beside an earlier best, not beside the pick")
     idle = _settings(space, 0)
     assert kept_defaults(profile, space, idle, rate, [idle]) == {"pin_memory": "CPU"}
 
