@@ -29,12 +29,19 @@ from tuner.trial import MemoryGuard, Supervisor, default_limits
 WORKERS = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2, persistent_workers=True)
 
 
-@pytest.fixture
-def default_sigterm() -> Iterator[None]:
-    """SIGTERM at its default action, as a process starts (a test runner may have its own)."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+FRESH = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+"""The handlers a Python process starts with."""
+
+
+@pytest.fixture(autouse=True)
+def fresh_handlers() -> Iterator[None]:
+    """SIGTERM and SIGINT as a process starts, here and in the children started from here (an
+    ignored signal stays ignored across exec): a test runner may have its own, and a library
+    run in this process earlier may have left SIGINT ignored."""
+    previous = {sig: signal.signal(sig, handler) for sig, handler in FRESH.items()}
     yield
-    signal.signal(signal.SIGTERM, previous)
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def _signal_self(sig: signal.Signals) -> None:
@@ -43,9 +50,7 @@ def _signal_self(sig: signal.Signals) -> None:
     time.sleep(0.5)
 
 
-def test_sigterm_stops_a_study_as_ctrl_c_does_and_the_handlers_come_back(
-    default_sigterm: None,
-) -> None:
+def test_sigterm_stops_a_study_as_ctrl_c_does_and_the_handlers_come_back() -> None:
     int_handler = signal.getsignal(signal.SIGINT)
     for sig, stop in ((signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)):
         with pytest.raises(stop) as raised, stop_on_signals():
@@ -58,7 +63,7 @@ def test_sigterm_stops_a_study_as_ctrl_c_does_and_the_handlers_come_back(
     assert signal.getsignal(signal.SIGINT) is int_handler
 
 
-def test_a_deferred_block_ends_before_the_stop_is_raised(default_sigterm: None) -> None:
+def test_a_deferred_block_ends_before_the_stop_is_raised() -> None:
     finished = []
     with pytest.raises(Terminated), stop_on_signals():
         with deferred():
@@ -79,9 +84,7 @@ def test_a_callers_own_handler_is_left_alone() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_a_stop_mid_trial_kills_the_trials_tree_before_it_is_raised(
-    default_sigterm: None,
-) -> None:
+def test_a_stop_mid_trial_kills_the_trials_tree_before_it_is_raised() -> None:
     supervisor = Supervisor(MemoryGuard(default_limits()))
     tree: list[psutil.Process] = []
 
