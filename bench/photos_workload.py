@@ -18,6 +18,7 @@ and every worker beyond the cores takes CPU from the process that feeds the devi
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import random
@@ -142,11 +143,10 @@ def sleeping_step(batch: tuple[torch.Tensor, torch.Tensor], device: torch.device
 
 
 def off_cpu() -> Workload:
-    return Workload(
+    """The photos with :func:`sleeping_step` in place of the CNN's."""
+    return dataclasses.replace(
+        workload(),
         name="off_cpu",
-        dataset=PhotoFolder(make_photos()),
         step=sleeping_step,
-        default_batch_size=32,
-        batch_size_range=(8, 256),
         description=f"off_cpu: {COUNT} JPEG files {SIZE}px, PIL crop/flip/jitter, a sleeping step",
     )
