@@ -28,6 +28,12 @@ from storage.testing import scratch_database
 from tests.cli_runner import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Bytecode is written, whatever the environment says (PYTHONDONTWRITEBYTECODE is set on this
+# project's machines): the suite starts about 140 interpreters, each of which would otherwise
+# compile the project's modules again, and pytest would rewrite every test module on each run.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # Hugging Face tests build models from configs
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

@@ -1,5 +1,6 @@
 """Stand-ins for what cannot exist on a test machine, shipped with the package as
-``optuna.testing`` is: a GPU (:class:`StaticGpuReader`, which plays given readings through the
+``optuna.testing`` is: a clock the test moves (:class:`ManualClock`), a GPU
+(:class:`StaticGpuReader`, which plays given readings through the
 :class:`~tuner.machine.GpuReader` interface) and the NVML library (:func:`fake_nvml`, a module
 with the few pynvml functions :class:`~tuner.machine.NvmlGpuReader` calls). Nothing else is
 faked: DataLoaders, processes, SQLite and PostgreSQL are real in the tests.
@@ -13,9 +14,27 @@ from types import ModuleType, SimpleNamespace
 
 from tuner.machine import GpuDevice, GpuReading
 
-__all__ = ["FakeNVMLError", "StaticGpuReader", "fake_nvml", "fake_pci_bus_id", "fake_uuid"]
+__all__ = [
+    "FakeNVMLError",
+    "ManualClock",
+    "StaticGpuReader",
+    "fake_nvml",
+    "fake_pci_bus_id",
+    "fake_uuid",
+]
 
 GiB = 2**30
+
+
+class ManualClock:
+    """A ``clock=`` that moves only when the test moves it (``clock.now += 2.5``): what is
+    timed against it reads the same on a busy machine as on an idle one."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class StaticGpuReader:

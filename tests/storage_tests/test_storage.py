@@ -107,6 +107,14 @@ def test_storage_lock_serialises_processes(
     _assert_serialised(log)
 
 
+def _try_once_held(url: str, key: str, held: str, trying: str, log: str) -> None:
+    """Start at once (the interpreter's start overlaps the holder's); try once it holds."""
+    while not Path(held).exists():
+        time.sleep(0.02)
+    Path(trying).touch()
+    _hold(url, key, 0.0, log)
+
+
 def _hold_until_killed(url: str, key: str, held: str) -> None:
     with storage_lock(url, key):
         Path(held).touch()
@@ -120,25 +128,29 @@ def test_a_lock_whose_holder_is_sigkilled_is_released(
     url = sqlite_url if backend == "sqlite" else request.getfixturevalue(f"{backend}_url")
     held = tmp_path / "held"
     context = multiprocessing.get_context("spawn")
+    log, trying = tmp_path / "log", tmp_path / "trying"
     holder = context.Process(target=_hold_until_killed, args=(url, "k", str(held)))
+    waiter = context.Process(
+        target=_try_once_held, args=(url, "k", str(held), str(trying), str(log)), daemon=True
+    )
     holder.start()
+    waiter.start()
     try:
         deadline = time.monotonic() + 60
-        while not held.exists():
+        while not trying.exists():
             assert holder.is_alive() and time.monotonic() < deadline, "the holder never held it"
-            time.sleep(0.1)
-        log = tmp_path / "log"
-        waiter = context.Process(target=_hold, args=(url, "k", 0.0, str(log)))
-        waiter.start()
-        time.sleep(2)
-        assert not log.exists()  # the lock is held: the waiter waits
+            assert waiter.is_alive(), "the waiter ended before it tried"
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert not log.exists()  # the lock is held: the waiter, started, waits
         os.kill(holder.pid, signal.SIGKILL)
         waiter.join(60)
         assert waiter.exitcode == 0
         assert log.read_text().split()[::2] == ["in", "out"]
     finally:
-        holder.kill()
-        holder.join(10)
+        for process in (holder, waiter):
+            process.kill()
+            process.join(10)
 
 
 def test_with_retry_rides_out_connection_errors() -> None:

@@ -15,6 +15,7 @@ from storage import open_storage
 from storage.testing import served_proxy
 from tuner.fleet import StaleTrials, heartbeat
 from tuner.fleet._heartbeat import BEAT_ATTR, NEVER_BEAT_ERROR, STOPPED_BEATING_ERROR
+from tuner.testing import ManualClock
 
 
 def _study(url: str, grace_s: int = 1) -> optuna.Study:
@@ -41,13 +42,16 @@ def any_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
 def test_a_trial_that_never_beat_is_failed_and_requeued_after_twice_the_grace(
     any_url: str,
 ) -> None:
-    study = _study(any_url)
+    study = _study(any_url)  # a grace of 1 s
     orphan = study.ask({"x": optuna.distributions.IntDistribution(0, 9)})  # its worker died
-    stale = StaleTrials()
+    clock = ManualClock()
+    stale = StaleTrials(clock=clock)
 
     stale.fail(study)  # first seen without a heartbeat: not yet
+    clock.now += 1.9
+    stale.fail(study)  # under twice the grace: not yet
     assert study.trials[orphan.number].state == TrialState.RUNNING
-    time.sleep(2.2)
+    clock.now += 0.2
     stale.fail(study)
 
     trials = study.trials
@@ -58,16 +62,19 @@ def test_a_trial_that_never_beat_is_failed_and_requeued_after_twice_the_grace(
 
 
 def test_a_beating_trial_is_left_alone(any_url: str) -> None:
-    # Beats 50 times as often as the grace: a machine too busy to beat in time is not the case.
+    """Its heartbeat row is what spares it: the tuner's clock runs on 25 s, far past twice the
+    grace, and Optuna's rule reads the database's clock, in which it beat moments ago."""
     study = _study(any_url, grace_s=10)
     trial = study.ask()
-    stale = StaleTrials()
+    clock = ManualClock()
+    stale = StaleTrials(clock=clock)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with heartbeat(study._storage, trial._trial_id, 0.2):
+        with heartbeat(study._storage, trial._trial_id, 0.05):
+            time.sleep(0.2)  # a few beats
             for _ in range(4):
                 stale.fail(study)
-                time.sleep(0.8)
+                clock.now += 25.0
     assert study.trials[trial.number].state == TrialState.RUNNING
     assert len(study.trials) == 1
 
@@ -82,20 +89,27 @@ def test_through_the_grpc_proxy_a_trial_whose_worker_stopped_beating_is_failed_a
         dead, alive = study.ask(x), study.ask(x)
         with heartbeat(study._storage, dead._trial_id, 0.2):
             time.sleep(0.3)  # it beat, then its worker died
-        stale = StaleTrials(interval_s=0.5, grace_s=2.0)
-        with heartbeat(study._storage, alive._trial_id, 0.05):  # 40 beats to a grace
-            deadline = time.monotonic() + 60  # a bound on the test, not on the behaviour
-            while study.trials[dead.number].state == TrialState.RUNNING:
-                assert time.monotonic() < deadline, "the silent trial was never failed"
+        clock = ManualClock()
+        stale = StaleTrials(interval_s=0.5, grace_s=2.0, clock=clock)
+        with heartbeat(study._storage, alive._trial_id, 0.02):  # beats between any two checks
+            failed_at_check = None
+            for check in range(1, 8):
                 stale.fail(study)
-                time.sleep(0.2)
-            beats_when_dead_failed = study.trials[alive.number].system_attrs[BEAT_ATTR]
+                if study.trials[dead.number].state != TrialState.RUNNING:
+                    failed_at_check = check
+                    break
+                beats_before = study.trials[alive.number].system_attrs[BEAT_ATTR]
+                clock.now += 0.5
+                deadline = time.monotonic() + 30  # a bound on the test, not on the behaviour
+                while study.trials[alive.number].system_attrs[BEAT_ATTR] == beats_before:
+                    assert time.monotonic() < deadline, "the live trial stopped beating"
+                    time.sleep(0.02)
             stale.fail(study)
         trials = study.trials
     assert trials[dead.number].state == TrialState.FAIL
     assert trials[dead.number].user_attrs["error"] == STOPPED_BEATING_ERROR
     assert trials[alive.number].state == TrialState.RUNNING
-    # Beaten all along: through the whole grace the dead trial needed to be failed.
-    assert trials[alive.number].system_attrs[BEAT_ATTR] >= beats_when_dead_failed > 1
+    # Failed once its counter had stood still for the grace: 2 s on the clock, the 5th check.
+    assert failed_at_check == 5
     (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
     assert retry.state == TrialState.WAITING and retry.params == trials[dead.number].params

@@ -24,7 +24,7 @@ from tuner.machine._gpu import GpuDevice, GpuReading, NoGpuReader
 from tuner.machine._memory import shm_usage
 from tuner.machine._process import process_tree
 from tuner.search._settings import LoaderSettings
-from tuner.testing import StaticGpuReader
+from tuner.testing import ManualClock, StaticGpuReader
 from tuner.trial._guard import GuardLimits, GuardReading, MemoryGuard, default_limits
 from tuner.trial._outcome import TrialOutcome
 from tuner.trial._protocol import Job, Mode
@@ -339,15 +339,15 @@ def test_hanging_dataset_is_killed_at_the_deadline() -> None:
     settings = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2)
 
     outcome, watcher, wall_s = run_watched(
-        supervisor, make_job("hanging", settings), deadline_s=5.0
+        supervisor, make_job("hanging", settings), deadline_s=3.0
     )
 
     assert outcome.state == "pruned", outcome
     assert outcome.reason == "timeout"
-    assert outcome.error == "no result within 5 s"
+    assert outcome.error == "no result within 3 s"
     assert outcome.attrs["kill_seconds"] >= 0
     # Not before the deadline, and long before the dataset's hour-long read would return.
-    assert 5.0 <= wall_s < 120.0
+    assert 3.0 <= wall_s < 120.0
     assert len(watcher.seen) >= 3  # the child and both workers were there to kill
     assert watcher.survivors() == []
 
@@ -377,19 +377,8 @@ def gpu_frames(used_bytes: list[int], total: int = 8 * GiB) -> list[list[GpuRead
     ]
 
 
-class Clock:
-    """The guard's clock, moved by the test: a rate is the readings over this clock's time, so
-    a busy machine cannot change it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def gpu_guard(
-    frames: list[list[GpuReading]], limit: int, interval_s: float, clock: Clock
+    frames: list[list[GpuReading]], limit: int, interval_s: float, clock: ManualClock
 ) -> MemoryGuard:
     devices = [GpuDevice(0, "Stand-in GPU", 8 * GiB), GpuDevice(1, "Stand-in GPU", 8 * GiB)]
     limits = default_limits(gpu_memory_limit=f"{limit}", gpu_total_bytes=8 * GiB)
@@ -400,7 +389,7 @@ def gpu_guard(
 
 def test_gpu_memory_stepping_over_the_limit_trips_a_gpu_breach() -> None:
     limit = 1 * GiB
-    clock = Clock()
+    clock = ManualClock()
     guard = gpu_guard(gpu_frames([400 * MiB] * 4 + [limit - 10 * MiB]), limit, 0.05, clock)
     guard.start(None)
 
@@ -428,7 +417,7 @@ def test_every_ranks_gpu_is_watched_and_any_one_breaches() -> None:
     frames = [[GpuReading(0, 100 * MiB, 8 * GiB, 50.0), GpuReading(1, limit, 8 * GiB, 99.0)]]
     for indices, breaches in (([0], False), ([0, 1], True)):
         reader = StaticGpuReader(devices, frames)
-        guard = MemoryGuard(limits, gpu=reader, gpu_indices=indices, clock=Clock())
+        guard = MemoryGuard(limits, gpu=reader, gpu_indices=indices, clock=ManualClock())
         guard.start(None)
         breach = guard.check(guard.sample())
         assert (breach is not None) is breaches, indices
@@ -438,7 +427,7 @@ def test_every_ranks_gpu_is_watched_and_any_one_breaches() -> None:
 def test_gpu_memory_climbing_towards_the_limit_is_stopped_before_it() -> None:
     limit = 1 * GiB
     climbing = [step * 50 * MiB for step in range(1, 21)]  # 50 MiB a sample, 500 MiB/s
-    clock = Clock()
+    clock = ManualClock()
     guard = gpu_guard(gpu_frames(climbing), limit, 0.1, clock)
     guard.start(None)
 
@@ -458,7 +447,7 @@ def test_a_jump_that_then_holds_is_not_extrapolated() -> None:
     limit = 1 * GiB
     # A startup step: +400 MiB in one sample (4 GiB/s), then it slows and holds at 60%.
     frames = gpu_frames([100 * MiB, 500 * MiB, 600 * MiB, 610 * MiB] + [612 * MiB] * 8)
-    clock = Clock()
+    clock = ManualClock()
     guard = gpu_guard(frames, limit, 0.1, clock)
     guard.start(None)
 
@@ -471,7 +460,7 @@ def test_a_jump_that_then_holds_is_not_extrapolated() -> None:
 def test_without_a_gpu_nothing_gpu_related_trips() -> None:
     limits = default_limits(gpu_memory_limit="1", gpu_total_bytes=8 * GiB)  # a 1-byte budget
     for reader in (NoGpuReader("no NVIDIA device found"), None):
-        clock = Clock()
+        clock = ManualClock()
         guard = MemoryGuard(limits, gpu=reader, gpu_indices=[0], interval_s=0.05, clock=clock)
         guard.start(os.getpid())
         for _ in range(3):

@@ -103,9 +103,22 @@ class StaleTrials:
     On a storage without Optuna's heartbeats, the ``tuner:beat`` counters are timed the same
     way: a counter that has not moved for ``grace_s`` (the storage's own setting where it has
     one; else twice ``interval_s``, as Optuna's default) is a dead worker's.
+
+    Args:
+        interval_s: the workers' heartbeat interval, where the storage keeps none.
+        grace_s: how long a silent counter may stay so; twice ``interval_s`` by default.
+        clock: the seconds these timings read (``time.monotonic``); Optuna's own stale rule
+            reads the database's clock whatever this is.
     """
 
-    def __init__(self, interval_s: float = 10.0, grace_s: float | None = None) -> None:
+    def __init__(
+        self,
+        interval_s: float = 10.0,
+        grace_s: float | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
         self._first_seen: dict[int, float] = {}
         self._grace_s = grace_s or 2 * interval_s
         self._beats: dict[int, tuple[object, float]] = {}
@@ -122,7 +135,7 @@ class StaleTrials:
             return
         optuna_fail_stale_trials(study)
         grace_s = storage.grace_period or 2 * storage.heartbeat_interval
-        now = time.monotonic()
+        now = self._clock()
         never_beaten = set(_never_beaten(storage, study._study_id))
         self._first_seen = {
             trial_id: self._first_seen.get(trial_id, now) for trial_id in never_beaten
@@ -135,7 +148,7 @@ class StaleTrials:
 
     def _fail_silent_counters(self, study: optuna.Study) -> None:
         """Fail the RUNNING trials whose ``tuner:beat`` counter stopped (or never started)."""
-        now = time.monotonic()
+        now = self._clock()
         beats: dict[int, tuple[object, float]] = {}
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             beat = trial.system_attrs.get(BEAT_ATTR)
