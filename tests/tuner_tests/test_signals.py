@@ -35,9 +35,10 @@ FRESH = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handl
 
 @pytest.fixture(autouse=True)
 def fresh_handlers() -> Iterator[None]:
-    """SIGTERM and SIGINT as a process starts, here and in the children started from here (an
-    ignored signal stays ignored across exec): a test runner may have its own, and a library
-    run in this process earlier may have left SIGINT ignored."""
+    """SIGTERM and SIGINT as a Python process started from a terminal has them, here and in the
+    children started from here (an ignored signal stays ignored across exec): a test runner may
+    have its own, and a suite started as a shell's background job (``cmd &`` in a script, as CI
+    may) starts with SIGINT ignored, so a study it starts could not be stopped with Ctrl-C."""
     previous = {sig: signal.signal(sig, handler) for sig, handler in FRESH.items()}
     yield
     for sig, handler in previous.items():
