@@ -24,6 +24,12 @@ def _study(url: str, grace_s: int = 1) -> optuna.Study:
     return optuna.create_study(storage=storage, study_name="stale")
 
 
+# Optuna warns that its heartbeats are meant for Study.optimize: these tests drive ask() and the
+# tuner's own StaleTrials by hand, as a study worker does.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Heartbeat of storage is supposed to be used with Study.optimize:UserWarning"
+)
+
 BACKENDS = [
     "sqlite",
     pytest.param("postgres", marks=pytest.mark.postgres),
