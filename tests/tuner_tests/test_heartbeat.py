@@ -14,7 +14,12 @@ from optuna.trial import TrialState
 from storage import open_storage
 from storage.testing import served_proxy
 from tuner.fleet import StaleTrials, heartbeat
-from tuner.fleet._heartbeat import BEAT_ATTR, NEVER_BEAT_ERROR, STOPPED_BEATING_ERROR
+from tuner.fleet._heartbeat import (
+    BEAT_ATTR,
+    NEVER_BEAT_ERROR,
+    STOPPED_BEATING_ERROR,
+    _never_beaten,
+)
 from tuner.testing import ManualClock
 
 
@@ -77,7 +82,11 @@ def test_a_beating_trial_is_left_alone(any_url: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with heartbeat(study._storage, trial._trial_id, 0.05):
-            time.sleep(0.2)  # a few beats
+            backend = getattr(study._storage, "_backend", study._storage)
+            deadline = time.monotonic() + 30  # a bound on the test, not on the behaviour
+            while trial._trial_id in _never_beaten(backend, study._study_id):
+                assert time.monotonic() < deadline, "the trial never beat"
+                time.sleep(0.02)
             for _ in range(4):
                 stale.fail(study)
                 clock.now += 25.0
