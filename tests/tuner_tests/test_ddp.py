@@ -37,10 +37,14 @@ def _measure_keeping_parameters(
     stepping: Callable[[], Any],
 ) -> None:
     """One rank's measurement, as the trial child's, that also saves what the rank trained:
-    its parameters and whether it was a DDP module, before its result goes."""
+    its parameters and whether it was a DDP module, before its result goes.
+
+    The warm-up is counted, not timed, and rank r runs at least 2 + r micro-batches: the ranks'
+    warm-ups differ by one, as two clocks' often do, on every run."""
     result = measure(
-        workload, job.settings, device, window_s=job.window_s, warmup_s=job.warmup_s,
-        seed=job.seed, before_window=before_window, stepping=stepping,
+        workload, job.settings, device, window_s=job.window_s, warmup_s=0.0,
+        min_warmup_batches=2 + int(os.environ["RANK"]), seed=job.seed,
+        before_window=before_window, stepping=stepping,
     )  # fmt: skip
     # The handed-over model, else the one the step kept (a forked rank inherits the list).
     trained = workload.model if workload.model is not None else workloads.LinearStep.trained[-1]
@@ -77,6 +81,7 @@ def test_a_handed_over_model_trains_under_ddp_in_each_rank(
 ) -> None:
     workload = workloads.linear()
     before = [p.detach().clone() for p in workload.model.parameters()]  # type: ignore[union-attr]
+    # With 2 steps, rank 1's window would start mid-run unless the warm-up ends on a step.
     zero, one = _two_ranks(tmp_path, workload, accumulation_steps)
     assert zero["ddp"] and one["ddp"]
     assert not _equal(zero["parameters"], before)  # trained

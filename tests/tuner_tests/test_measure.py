@@ -83,3 +83,42 @@ def test_an_epoch_longer_than_half_the_window_keeps_the_time_window() -> None:
     measured = measure(workload, settings, CPU, window_s=0.2, warmup_s=0.0)
     assert measured.epochs == 0
     assert measured.window_s >= 0.2
+
+
+class _CountingStep:
+    """Counts micro-batches and optimizer steps."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.micro_batches = self.optimizer_steps = 0
+
+    def __call__(self, batch: object) -> None:
+        self.micro_batches += 1
+
+    def optimizer_step(self) -> None:
+        self.optimizer_steps += 1
+
+
+@pytest.mark.parametrize("min_warmup_batches", [2, 3, 4])
+def test_the_window_starts_an_accumulation_run(min_warmup_batches: int) -> None:
+    """The warm-up ends on an optimizer step, whatever count it reached: ranks whose warm-ups
+    differ then all-reduce on the same micro-batches of the window (tuner.trial._ddp)."""
+    steps: list[_CountingStep] = []
+
+    def make_step(device: torch.device) -> _CountingStep:
+        steps.append(_CountingStep(device))
+        return steps[-1]
+
+    workload = dataclasses.replace(fast(), step=None, make_step=make_step)
+    settings = LoaderSettings(batch=8, num_workers=0, accumulation_steps=3)
+    at_window: list[tuple[int, int]] = []
+
+    def before_window() -> None:
+        at_window.append((steps[0].micro_batches, steps[0].optimizer_steps))
+
+    measure(
+        workload, settings, CPU, window_s=0.05, warmup_s=0.0,
+        min_warmup_batches=min_warmup_batches, before_window=before_window,
+    )  # fmt: skip
+    ((micro_batches, optimizer_steps),) = at_window
+    first_boundary = 3 * -(-min_warmup_batches // 3)  # the first optimizer step at or after
+    assert micro_batches == 3 * optimizer_steps == first_boundary

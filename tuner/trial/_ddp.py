@@ -12,7 +12,11 @@ group is up:
   Hugging Face accelerate run them, so ``--effective-batch`` all-reduces once per optimizer step;
 * each rank ends its warm-up and its window on its own clock, so the ranks' step counts can
   differ by a step or two: the steps run under DDP's ``Join``, where a rank that stops first
-  shadows the others' all-reduces instead of leaving them waiting;
+  shadows the others' all-reduces instead of leaving them waiting. While two ranks both step,
+  their i-th micro-batches meet in the same collectives, so both must all-reduce on the same
+  ones: every phase starts an accumulation run in every rank (the warm-up ends on an optimizer
+  step, :meth:`tuner.trial._measure._TrainingLoop.warm_up`), else one rank's gradient
+  all-reduce meets the other's next forward and gloo aborts on the size mismatch;
 * a workload without a model steps as it is: no collective, the ranks independent.
 """
 

@@ -223,9 +223,16 @@ class _TrainingLoop:
         return samples
 
     def warm_up(self, warmup_s: float, min_batches: int) -> None:
-        """At least ``min_batches`` micro-batches and ``warmup_s`` seconds, the first done."""
+        """At least ``min_batches`` micro-batches and ``warmup_s`` seconds, the first done, ending
+        where an optimizer step has just run: the window then starts an accumulation run, in
+        every rank alike, so the ranks' gradient all-reduces (on each run's last micro-batch)
+        pair up although their warm-ups, each on its own clock, ran different counts."""
         warm_from, warm_batches = time.perf_counter(), 1
-        while warm_batches < min_batches or time.perf_counter() - warm_from < warmup_s:
+        while (
+            warm_batches < min_batches
+            or time.perf_counter() - warm_from < warmup_s
+            or self.micro_batches % self._accumulation_steps
+        ):
             self.run_one()
             warm_batches += 1
         synchronize(self.device)
