@@ -11,9 +11,9 @@ strategy's sampler (``tuner.run.make_sampler``), its pruner (``make_pruner``: fo
 is shown a noisier reading, as half a second into the window), a repeated setting answered with
 its twin's outcome, then the tuner's final re-measurement
 (``tuner.run._remeasure.pick_and_hold_out``) in fresh noisy rounds: the top candidates and
-baselines (``final_candidates``), the selection among those within the margin of the leader
-(the race's extra rounds the tuner's, or ``--race-rounds``), then the hold-out of the pick and
-the baselines. The score is the pick's true value over the grid's best; "selection reads" and
+baselines (``final_candidates``), the selection among them (the tuner's fresh rounds and race,
+or ``--selection-rounds`` and ``--race-rounds``), then the hold-out of the pick and the
+baselines. The score is the pick's true value over the grid's best; "selection reads" and
 "hold-out reads" count the final re-measurement's rounds per study (a trial window each in the
 tuner), and "figure" is the pick's hold-out median over its true value (the printed figure's
 error: above 100% is the winner's curse).
@@ -65,7 +65,12 @@ from tuner._attrs import has_settings, trial_settings
 from tuner.pipeline import PipelineModel, PipelineProfile, worker_range
 from tuner.pipeline._refine import _distance
 from tuner.run import SAMPLERS, StudyConfig, TrialRunner, _pipeline, make_pruner, make_sampler
-from tuner.run._remeasure import final_candidates, pick_and_hold_out
+from tuner.run._remeasure import (
+    RACE_ROUNDS,
+    SELECTION_ROUNDS,
+    final_candidates,
+    pick_and_hold_out,
+)
 from tuner.run._samplers import MODEL_STRATEGY
 from tuner.run._study import _stop_near_bound
 from tuner.search import BelowBestPruner, LoaderSettings, SearchSpace, optuna_params
@@ -301,7 +306,7 @@ def _final_pick(
     read: _Readings,
     config: StudyConfig,
     taken: Mapping[int, list[float]],
-    extra_rounds: int | None,
+    selection: tuple[int, int],
 ) -> _FinalPick:
     """The tuner's final re-measurement (``pick_and_hold_out``) on noisy readings; ``taken``:
     the rounds the study's early-stop checks took, filled up as the tuner's runner does (copied:
@@ -316,7 +321,7 @@ def _final_pick(
         return read(trial_settings(by_number[number]))
 
     rounds = {number: list(values) for number, values in taken.items()}
-    outcome = pick_and_hold_out(candidates, measure, config.remeasure_rounds, rounds, extra_rounds)
+    outcome = pick_and_hold_out(candidates, measure, config.remeasure_rounds, rounds, *selection)
     assert outcome is not None  # a noisy reading never fails
     pick = trial_settings(by_number[outcome.pick])
     held = outcome.held[outcome.pick]
@@ -338,13 +343,13 @@ def replay_study(
     noise: float,
     pruning: str = "strategy",
     setup: ModelSetup | None = None,
-    extra_rounds: int | None = None,
+    selection: tuple[int, int] = (SELECTION_ROUNDS, RACE_ROUNDS),
 ) -> StudyReplay:
     """One study to the largest budget (or, under ``model``, its stop); see the module docstring.
 
     ``pruning``: ``strategy`` (the strategy's own pruner, as the tuner runs it), ``off``, ``on``.
-    ``setup``: the model's space and model, required by ``model``. ``extra_rounds``: the final
-    race's rounds (default the tuner's, :func:`~tuner.run._remeasure.race_rounds`).
+    ``setup``: the model's space and model, required by ``model``. ``selection``: the final
+    selection's fresh rounds and race rounds (default the tuner's).
     """
     if strategy == MODEL_STRATEGY and setup is None:
         raise ValueError("the model strategy needs the model's setup (a profiled grid)")
@@ -399,7 +404,7 @@ def replay_study(
             stopped = _stop_near_bound(study, runner, config) is not None
         if done > start or final is None:  # a stopped study keeps its pick
             taken = runner.rounds if modelled is not None else {}
-            final = _final_pick(study, read, config, taken, extra_rounds)
+            final = _final_pick(study, read, config, taken, selection)
         result.scores[budget] = landscape.true_value(final.settings) / landscape.best
         result.trials[budget] = done
         result.selection_reads[budget] = final.selection_reads
@@ -456,9 +461,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="each strategy's own pruner as the tuner runs it (default), or off or on for all",
     )
     parser.add_argument(
+        "--selection-rounds",
+        type=int,
+        default=SELECTION_ROUNDS,
+        help="the final selection's fresh rounds of each contender (default: the tuner's)",
+    )
+    parser.add_argument(
         "--race-rounds",
         type=int,
-        help="the final race's extra rounds (default: the tuner's, half the re-measure rounds)",
+        default=RACE_ROUNDS,
+        help="the race's extra rounds after them (default: the tuner's)",
     )
     parser.add_argument(
         "--model-range",
@@ -521,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.noise,
                 args.pruning,
                 setup,
-                args.race_rounds,
+                (args.selection_rounds, args.race_rounds),
             )
             for budget in budgets:
                 scores[budget].append(study.scores[budget])

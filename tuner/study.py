@@ -150,8 +150,8 @@ def _add_finish_flags(run: argparse._ArgumentGroup) -> None:
         type=int,
         default=StudyConfig.remeasure_rounds,
         help="hold-out rounds of the pick and the baselines, side by side, after the selection "
-        "(their median is the printed figure); the selection itself re-measures while the "
-        "decision is open",
+        "(their median is the printed figure); the selection itself takes one fresh round of "
+        "each of the top settings",
     )
     add_artifact_dir(run)
     run.add_argument(

@@ -237,9 +237,10 @@ def test_the_final_race_runs_as_many_extra_rounds_as_asked(results_file: Path) -
     landscape, baselines, _ = load(results_file)
     # Without noise the top candidates stay apart by their true gaps, 5-15%: within the race's
     # margin, so each extra round measures every candidate still in it.
-    without = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=0)
-    one = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=1)
-    two = replay_study(landscape, baselines, "random", 0, [20], 0.0, extra_rounds=2)
+    without, one, two = (
+        replay_study(landscape, baselines, "random", 0, [20], 0.0, selection=(2, extra))
+        for extra in (0, 1, 2)
+    )
     assert 0 < without.selection_reads[20] < one.selection_reads[20] < two.selection_reads[20]
     assert without.scores == one.scores == two.scores  # nothing to resolve without noise
     assert without.holdout_reads == one.holdout_reads == two.holdout_reads

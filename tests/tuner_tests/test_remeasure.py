@@ -1,6 +1,6 @@
-"""The re-measurement at the end of a study: rounds filled up, candidates and baselines that fall
-behind let go, extra rounds only for candidates the fresh rounds left close, then the hold-out of
-the pick and the baselines side by side."""
+"""The re-measurement at the end of a study: one fresh round of each contender picks (more
+rounds and a race where asked: candidates that fall behind let go, extra rounds only for those
+left close), then the hold-out of the pick and the baselines side by side."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from tuner.run._remeasure import (
     pick_and_hold_out,
     pick_best,
     race,
-    race_rounds,
     select,
 )
 
@@ -129,19 +128,6 @@ def _fake(values: dict[int, float]) -> tuple[Callable[[int], float | None], list
     return measure, asked
 
 
-def _before(values: dict[int, float], baselines: set[int], rounds: int) -> int:
-    """The measurements a re-measurement without contenders or hold-out took, on a steady
-    machine: every candidate and baseline ``rounds`` rounds, a baseline one more only while
-    within the margin, then the race (counted by hand from that flow, for comparison)."""
-    leader = max(values[n] for n in values)
-    close = {n for n in values if values[n] >= (1 - RACE_MARGIN) * leader}
-    count = len(values) + (rounds - 1) * len(
-        [n for n in values if n not in baselines or n in close]
-    )
-    racers = [n for n in values if n in close]
-    return count + (race_rounds(rounds) * len(racers) if len(racers) > 1 else 0)
-
-
 def _trials(values: dict[int, float], baselines: set[int]) -> list[FrozenTrial]:
     """Complete trials numbered as ``values``' keys, each with its window."""
     trials = [
@@ -154,17 +140,18 @@ def _trials(values: dict[int, float], baselines: set[int]) -> list[FrozenTrial]:
 
 
 def _study_remeasure(
-    values: dict[int, float], baselines: set[int], rounds: int
+    values: dict[int, float], baselines: set[int], rounds: int, *selection: int
 ) -> tuple[list[int], Remeasurement]:
     """What :func:`tuner.run._remeasure.remeasure` asks for, without a runner, each trial
-    reading its window every round: the measured trial numbers in order, and the outcome."""
+    reading its window every round: the measured trial numbers in order, and the outcome
+    (``selection``: the selection's rounds and race rounds, default the tuner's)."""
     measure, asked = _fake(values)
-    taken = pick_and_hold_out(_trials(values, baselines), measure, rounds)
+    taken = pick_and_hold_out(_trials(values, baselines), measure, rounds, None, *selection)
     assert taken is not None
     return asked, taken
 
 
-def test_a_clear_decision_costs_fewer_measurements_than_before() -> None:
+def test_one_selection_round_of_each_contender_then_the_hold_out() -> None:
     # Three candidates, the leader 20% and 30% ahead; two baselines far behind.
     values = {0: 1000.0, 1: 800.0, 2: 700.0, 3: 400.0, 4: 300.0}
     for rounds in (2, 3):
@@ -173,15 +160,20 @@ def test_a_clear_decision_costs_fewer_measurements_than_before() -> None:
         # round of each baseline, which is far behind after it.
         assert asked == [0, 1, 2] + [0, 3, 4] + [0] * (rounds - 1)
         assert taken.pick == 0 and taken.selection == {0: [1000.0], 1: [800.0], 2: [700.0]}
-        assert len(asked) < _before(values, {3, 4}, rounds)  # 7 < 8 at 2 rounds, 8 < 11 at 3
+    # Close candidates take no more rounds by default: more would change which of them is
+    # picked more than what the pick is worth (SELECTION_ROUNDS).
+    close = {0: 1000.0, 1: 980.0, 2: 950.0, 3: 400.0}
+    asked, taken = _study_remeasure(close, {3}, 2)
+    assert asked == [0, 1, 2, 0, 3, 0]  # a round of each, then the hold-out
+    assert taken.pick == 0
 
 
-def test_an_open_decision_races() -> None:
+def test_an_open_decision_races_where_asked() -> None:
     # 0 and 1 are within the margin of each other; 2 is out after one round.
     values = {0: 1000.0, 1: 950.0, 2: 600.0, 3: 400.0}
-    asked, taken = _study_remeasure(values, {3}, 2)
+    asked, taken = _study_remeasure(values, {3}, 2, 2, 1)
     selection = asked[: asked.index(3) - 1]  # before the hold-out's first round (the pick)
-    assert selection.count(0) == selection.count(1) == 2 + race_rounds(2)
+    assert selection.count(0) == selection.count(1) == 2 + 1
     assert selection.count(2) == 1
     assert asked[len(selection) :] == [0, 3, 0]
     assert taken.held == {0: [1000.0] * 2, 3: [400.0]}
@@ -205,22 +197,25 @@ def test_a_check_s_rounds_are_filled_up_but_never_the_pick_s_figure() -> None:
     taken_before = {0: [1100.0, 1090.0]}
     taken = pick_and_hold_out(_trials(values, set()), measure, 2, taken_before)
     assert taken is not None and taken.pick == 0
-    assert asked.count(1) == 2 + race_rounds(2) and asked.count(0) == race_rounds(2) + 2
+    assert asked == [1, 0, 0]  # 1's selection round; 0's two hold-out rounds
     assert taken.held == {0: [1000.0, 1000.0]}
-    assert taken_before[0][:2] == [1100.0, 1090.0] and taken_before[1][:2] == [950.0, 950.0]
+    assert taken_before == {0: [1100.0, 1090.0], 1: [950.0]}
 
 
 def test_the_study_s_rounds_per_part() -> None:
     """The account of a 12-trial image study's re-measurement, in rounds (each a trial child
-    and a window): two baselines far behind, ``--remeasure-rounds 2``."""
+    and a window): two baselines far behind, ``--remeasure-rounds 2``; by default, and with
+    two selection rounds and a race round, where close candidates take more."""
     cases = {
-        "clear leader": ({0: 1000.0, 1: 800.0, 2: 700.0}, (3, 4)),
-        "two close": ({0: 1000.0, 1: 950.0, 2: 700.0}, (3 + 2 + 2, 4)),
-        "three close": ({0: 1000.0, 1: 950.0, 2: 920.0}, (3 + 3 + 3, 4)),
+        "clear leader": ({0: 1000.0, 1: 800.0, 2: 700.0}, (3, 4), (3, 4)),
+        "two close": ({0: 1000.0, 1: 950.0, 2: 700.0}, (3, 4), (3 + 2 + 2, 4)),
+        "three close": ({0: 1000.0, 1: 950.0, 2: 920.0}, (3, 4), (3 + 3 + 3, 4)),
     }
-    for values, (selection, held) in cases.values():
-        asked, taken = _study_remeasure({**values, 3: 500.0, 4: 400.0}, {3, 4}, 2)
-        assert len(asked) == selection + held
+    for values, by_default, racing in cases.values():
+        for (selection, held), plan in ((by_default, ()), (racing, (2, 1))):
+            trials = {**values, 3: 500.0, 4: 400.0}
+            asked, taken = _study_remeasure(trials, {3, 4}, 2, *plan)
+            assert len(asked) == selection + held
         assert sum(len(v) for v in taken.held.values()) == held
 
 

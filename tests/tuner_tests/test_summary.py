@@ -38,7 +38,7 @@ def test_a_pick_below_another_trials_median_says_why() -> None:
     assert print_summary(study, "batch_size", out).number == 1  # type: ignore[union-attr]
     text = out.getvalue()
     assert "best: trial 1, 2,333.0 samples/s" in text
-    assert "picked in the race, over more rounds" in text and "trial 0's median" in text
+    assert "picked on the selection's rounds; trial 0's median, over other rounds" in text
 
 
 def test_a_pick_with_the_highest_median_needs_no_word() -> None:

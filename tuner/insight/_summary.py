@@ -87,9 +87,9 @@ def _row(trial: FrozenTrial, medians: Mapping[int, float]) -> list[Any]:
 
 
 def _higher_median(best: FrozenTrial, medians: Mapping[int, float]) -> int | None:
-    """A re-measured trial whose median beats the best's, or None: the race picks among the
-    candidates still in it after its extra rounds, so one it dropped, on fewer rounds, can end
-    with the higher median and top the table."""
+    """A re-measured trial whose median beats the best's, or None: the pick is the selection's
+    highest median, and a trial measured on other rounds (a baseline in the hold-out only, a
+    candidate a race dropped on fewer rounds) can end with a higher one and top the table."""
     if best.number not in medians:
         return None
     rivals = [number for number, median in medians.items() if median > medians[best.number]]
@@ -210,7 +210,7 @@ def _print_best(
     rival = _higher_median(best, medians)
     if rival is not None:
         print(
-            f"  picked in the race, over more rounds; trial {rival}'s median, over fewer, "
+            f"  picked on the selection's rounds; trial {rival}'s median, over other rounds, "
             "is higher",
             file=out,
         )

@@ -3,12 +3,12 @@ gives the pick its figure: interleaved rounds (A B C A B C ...) of the same meas
 
 Selection: only fresh rounds count (a candidate's own trial window is where it was picked for
 being fast, so it is biased upwards). Every contender (:func:`contenders`: the top candidates,
-and a baseline only where its own window is within :data:`RACE_MARGIN` of theirs) takes one
-fresh round; after each round a contender more than :data:`RACE_MARGIN` behind the leader
-stops, and the rounds stop once one is left (:func:`fill_rounds`). Those still close race on
-(:func:`race`, up to :func:`race_rounds` more rounds) and the pick is made among them. The
-runner keeps the rounds this run has taken, so a candidate an early-stop check already measured
-is only filled up.
+and a baseline only where its own window is within :data:`RACE_MARGIN` of theirs) takes
+:data:`SELECTION_ROUNDS` fresh rounds, interleaved; with more than one, a contender more than
+:data:`RACE_MARGIN` behind the leader stops after a round, and the rounds stop once one is left
+(:func:`fill_rounds`), and those still close can race on (:func:`race`, :data:`RACE_ROUNDS`
+more rounds) before the pick is made among them. The runner keeps the rounds this run has
+taken, so a candidate an early-stop check already measured is only filled up.
 
 Hold-out (:func:`hold_out`): the pick's median over the rounds that chose it is the highest of
 several noisy medians, so it runs above what a training loop gets (the winner's curse). After
@@ -42,6 +42,8 @@ from tuner.run._runner import TrialRunner
 
 __all__ = [
     "RACE_MARGIN",
+    "RACE_ROUNDS",
+    "SELECTION_ROUNDS",
     "Remeasurement",
     "contenders",
     "fill_rounds",
@@ -50,7 +52,6 @@ __all__ = [
     "pick_and_hold_out",
     "pick_best",
     "race",
-    "race_rounds",
     "remeasure",
     "select",
 ]
@@ -60,18 +61,16 @@ RACE_MARGIN = 0.15
 2 busy cores reaches 10-15% on the image workload, so a smaller gap may be noise."""
 
 
-def race_rounds(rounds: int) -> int:
-    """The race's rounds after ``rounds`` fresh ones: half as many, at least one.
+SELECTION_ROUNDS = 1
+"""Fresh rounds each contender takes in the selection. More rounds change which of the close
+top candidates is picked more than what the pick is worth: ``bench.replay`` (the three stored
+grids, 10% and 15% noise, 40 seeds each, ``--sampler model``, 10 trials) put 190 of 240 picks
+within 95% of the grid's best with one round and no race, and 187 with two rounds and one
+race round, at 1.7 selection rounds a study instead of 4.3 (docs/benchmarks.md). The hold-out
+gives the figure either way."""
 
-    Half picks as well as as many again in ``bench.replay``, at half the extra measurements.
-
-    Args:
-        rounds: the fresh rounds each candidate was measured.
-
-    Returns:
-        The race's further rounds.
-    """
-    return max(1, rounds // 2)
+RACE_ROUNDS = 0
+"""The race's rounds after the selection's (see :data:`SELECTION_ROUNDS`)."""
 
 
 def final_candidates(study: optuna.Study, top: int) -> list[FrozenTrial]:
@@ -196,21 +195,19 @@ def contenders(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 def select(
     runs: dict[int, list[float]],
     measure: Callable[[int], float | None],
-    rounds: int,
-    extra_rounds: int | None = None,
+    rounds: int = SELECTION_ROUNDS,
+    extra_rounds: int = RACE_ROUNDS,
 ) -> int | None:
-    """The pick among ``runs``' candidates (each with the rounds it has): fresh rounds while the
-    decision is open (:func:`fill_rounds`), then the race (:func:`race`, ``extra_rounds``
-    rounds, default :func:`race_rounds`); a lone candidate is the pick without a round. None
-    when every round failed."""
+    """The pick among ``runs``' candidates (each with the rounds it has): up to ``rounds`` fresh
+    rounds each (:func:`fill_rounds`), then ``extra_rounds`` of the race (:func:`race`); a lone
+    candidate is the pick without a round. None when every round failed."""
     if len(runs) == 1:
         return next(iter(runs))
     fill_rounds(runs, measure, rounds)
     measured = {number: values for number, values in runs.items() if values}
     if not measured:
         return None
-    extra = race_rounds(rounds) if extra_rounds is None else extra_rounds
-    return race(measured, measure, extra)
+    return race(measured, measure, extra_rounds)
 
 
 def hold_out(
@@ -246,7 +243,8 @@ def pick_and_hold_out(
     measure: Callable[[int], float | None],
     rounds: int,
     taken: dict[int, list[float]] | None = None,
-    extra_rounds: int | None = None,
+    selection_rounds: int = SELECTION_ROUNDS,
+    extra_rounds: int = RACE_ROUNDS,
 ) -> Remeasurement | None:
     """The selection among :func:`contenders`, then the hold-out of the pick and the baselines
     (see the module docstring); the study's re-measurement and ``bench.replay`` both run this.
@@ -254,17 +252,18 @@ def pick_and_hold_out(
     Args:
         trials: the candidates and baselines (:func:`final_candidates`).
         measure: one fresh round of a trial by number (None: it failed).
-        rounds: the selection's fresh rounds and the hold-out's.
+        rounds: the hold-out's rounds.
         taken: rounds this run has taken by trial number, filled up rather than repeated and
             extended in place (the runner's).
-        extra_rounds: the race's rounds (default :func:`race_rounds`).
+        selection_rounds: the selection's fresh rounds.
+        extra_rounds: the race's rounds.
 
     Returns:
         The pick and the rounds; None when every selection round failed.
     """
     taken = {} if taken is None else taken
     runs = {trial.number: taken.setdefault(trial.number, []) for trial in contenders(trials)}
-    pick = select(runs, measure, rounds, extra_rounds)
+    pick = select(runs, measure, selection_rounds, extra_rounds)
     if pick is None:
         return None
     baselines = [trial.number for trial in trials if "baseline" in trial.user_attrs]
@@ -293,7 +292,7 @@ def remeasure(
         return {}
     chosen = contenders(trials)
     baselines = [trial for trial in trials if "baseline" in trial.user_attrs]
-    owed = (len(chosen) if len(chosen) > 1 else 0) + rounds + len(baselines)
+    owed = (len(chosen) * SELECTION_ROUNDS if len(chosen) > 1 else 0) + rounds + len(baselines)
     with tqdm(total=owed, desc="re-measuring", file=out, disable=not progress, leave=False) as bar:
         taken = pick_and_hold_out(trials, _measurer(runner, trials, bar), rounds, runner.rounds)
     if taken is None:
