@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -63,6 +64,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, where every test must run: {reason}"
     return report
+
+
+FRESH_SIGNAL_HANDLERS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+"""The handlers a Python process starts with."""
+
+
+@pytest.fixture
+def fresh_signal_handlers() -> Iterator[None]:
+    """SIGTERM and SIGINT as a Python process started from a terminal has them, here and in the
+    children started from here (a handler is reset to the default across exec, but an ignored
+    signal stays ignored): a test runner may have its own, and a suite started as a shell's
+    background job (``cmd &`` in a script) starts with SIGINT ignored, so a study it starts
+    would rightly ignore Ctrl-C, as a ``nohup`` job does."""
+    previous = {sig: signal.signal(sig, handler) for sig, handler in FRESH_SIGNAL_HANDLERS.items()}
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture

@@ -32,7 +32,8 @@ from tests.tuner_tests.test_ranks import _ranks_running
 from tuner._attrs import BEST_TRIAL_ATTR, HOLDOUT_ATTR, PHASES_ATTR
 from tuner._naming import REMEASURED_ATTR
 
-pytestmark = pytest.mark.slow
+# Stopped with Ctrl-C as from a terminal, however the suite was started.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_signal_handlers")]
 
 FLEET = ["--heartbeat-interval", "1", "--grace-period", "3", "--total-trials", "4"]
 """Beats every second, stale after 3 s without one: the retry comes within the test's time."""

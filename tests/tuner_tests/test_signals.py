@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -29,20 +28,7 @@ from tuner.trial import MemoryGuard, Supervisor, default_limits
 WORKERS = LoaderSettings(batch=8, num_workers=2, prefetch_factor=2, persistent_workers=True)
 
 
-FRESH = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
-"""The handlers a Python process starts with."""
-
-
-@pytest.fixture(autouse=True)
-def fresh_handlers() -> Iterator[None]:
-    """SIGTERM and SIGINT as a Python process started from a terminal has them, here and in the
-    children started from here (an ignored signal stays ignored across exec): a test runner may
-    have its own, and a suite started as a shell's background job (``cmd &`` in a script, as CI
-    may) starts with SIGINT ignored, so a study it starts could not be stopped with Ctrl-C."""
-    previous = {sig: signal.signal(sig, handler) for sig, handler in FRESH.items()}
-    yield
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
+pytestmark = pytest.mark.usefixtures("fresh_signal_handlers")
 
 
 def _signal_self(sig: signal.Signals) -> None:
